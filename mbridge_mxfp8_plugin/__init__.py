@@ -1,0 +1,27 @@
+"""MXFP8 param-gather fixes for megatron-core / Megatron-Bridge.
+
+Public API. Importing this package imports neither Megatron-Bridge nor Lightning; megatron-core
+is imported lazily, when a callback first sees a model.
+"""
+
+from .bridge import MXFP8ParamSyncCallback
+from .buckets import AlignmentReport, check_bucket_alignment
+from .errors import MXFP8AlignmentError, MXFP8ConfigError, MXFP8PluginError, MXFP8UsageError
+from .sync import ParamSyncEngine, SyncStats
+from .upstream import CoreBehaviour, probe_core
+
+__all__ = [
+    "AlignmentReport",
+    "CoreBehaviour",
+    "MXFP8AlignmentError",
+    "MXFP8ConfigError",
+    "MXFP8ParamSyncCallback",
+    "MXFP8PluginError",
+    "MXFP8UsageError",
+    "ParamSyncEngine",
+    "SyncStats",
+    "check_bucket_alignment",
+    "probe_core",
+]
+
+__version__ = "0.1.0"

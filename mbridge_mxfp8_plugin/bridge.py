@@ -1,0 +1,212 @@
+"""Megatron-Bridge adapter: :class:`MXFP8ParamSyncCallback` for ``pretrain(..., callbacks=[...])``.
+
+Duck-typed against ``megatron.bridge.training.callbacks.Callback`` (``CallbackManager.add`` keys
+on method names), so importing this module never imports Megatron-Bridge.
+
+What each hook reads and does (Bridge fires them from ``train()`` and ``evaluate_and_print_results()``):
+
+* ``on_train_start`` (has ``optimizer``): build the engine, repair bucket offsets (A), log a summary.
+* ``on_train_step_start`` (has ``optimizer``): reset what a forced sync without a callback left
+  behind (checkpoint save, weight-hash check) so this step gathers (C). A flag check otherwise.
+* ``on_train_step_end``: when the loop will force a param sync before the next step (eval,
+  periodic save, last iteration), stage the fresh main params now, so that the framework's own
+  forced all-gather collects weights, not gradients, and no second gather is needed (B).
+* ``on_eval_start`` / ``on_test_start`` (no optimizer in the context: we kept it): make the
+  weights the eval reads equal the main params, gathering only if the framework's gather was
+  not fresh (B).
+* ``on_eval_end`` / ``on_test_end``, ``on_checkpoint_save`` (Bridge >= 0.5): restore the state the
+  next training step needs (C); re-stage so that a save in the same iteration gathers weights.
+* ``on_train_end``: the loop's final forced sync leaves stale weights on core < 0.18; refresh
+  them so what is exported or tested after ``train()`` is the trained model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ._log import log_rank_zero
+from .buckets import is_megatron_ddp
+from .errors import MXFP8UsageError
+from .sync import ParamSyncEngine, SyncStats, reuse_mode_active
+
+__all__ = ["MXFP8ParamSyncCallback"]
+
+
+class MXFP8ParamSyncCallback:
+    """Keeps MXFP8 params correct around eval, test and checkpoint saves in Megatron-Bridge.
+
+    Args:
+        repair_alignment: rewrite wrong bucket offsets (defect A) at train start. With ``False``
+            a wrong offset raises instead.
+        prestage: stage main params at ``on_train_step_end`` ahead of a forced sync the loop is
+            about to issue, so the framework's gather is the only one. ``False`` gathers again
+            in ``on_eval_start`` (always correct, one extra all-gather per eval).
+        refresh_at_train_end: make the weights current after the training loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        repair_alignment: bool = True,
+        prestage: bool = True,
+        refresh_at_train_end: bool = True,
+    ) -> None:
+        self.repair_alignment = repair_alignment
+        self.prestage = prestage
+        self.refresh_at_train_end = refresh_at_train_end
+        self.engine: ParamSyncEngine | None = None
+        self._model_key: tuple[int, ...] | None = None
+        self._inactive_reason: str | None = None
+        self._staged_for_sync = False
+        self.last_stats: SyncStats | None = None
+        self.history: list[tuple[str, SyncStats]] = []
+
+    # ------------------------------------------------------------------ plumbing
+    def _engine(self, context: Any) -> ParamSyncEngine | None:
+        model: Sequence[Any] = context.model
+        key = tuple(id(m) for m in model)
+        if key == self._model_key:
+            if self.engine is not None and getattr(context, "optimizer", None) is not None:
+                self.engine.optimizer = context.optimizer
+            return self.engine
+        self._model_key = key
+        self.engine = None
+        self._inactive_reason = None
+        if not all(is_megatron_ddp(m) for m in model):
+            kinds = sorted({type(m).__name__ for m in model})
+            self._inactive_reason = (
+                f"model chunks are {kinds}, not megatron-core DistributedDataParallel "
+                "(Megatron-FSDP and torch DDP do not have these defects)"
+            )
+        elif not reuse_mode_active(model):
+            self._inactive_reason = (
+                "reuse_grad_buf_for_mxfp8_param_ag is off or the distributed optimizer is not used"
+            )
+        if self._inactive_reason:
+            log_rank_zero(logging.INFO, "MXFP8 param-sync plugin inactive: %s; nothing to do.", self._inactive_reason)
+            return None
+        self.engine = ParamSyncEngine(model, getattr(context, "optimizer", None))
+        report = self.engine.prepare(repair_offsets=self.repair_alignment)
+        beh = self.engine.behaviour
+        log_rank_zero(
+            logging.INFO,
+            "MXFP8 param-sync plugin active: %s; core forced-sync write-back=%s, dispatch reset=%s",
+            report.summary() if report else "no buckets",
+            beh.forced_sync_writes_back,
+            beh.has_dispatch_reset,
+        )
+        return self.engine
+
+    def _record(self, event: str, stats: SyncStats) -> None:
+        self.last_stats = stats
+        self.history.append((event, stats))
+
+    @staticmethod
+    def _forced_sync_expected(context: Any) -> bool:
+        """Will Bridge's loop force a param sync before the next train step? (train.py order)"""
+        state = getattr(context, "state", None)
+        cfg = getattr(state, "cfg", None)
+        train_state = getattr(state, "train_state", None)
+        if cfg is None or train_state is None:
+            return False
+        nxt = int(train_state.step) + 1  # the loop increments after on_train_step_end
+        train = cfg.train
+        eval_interval = getattr(train, "eval_interval", None)
+        if getattr(train_state, "do_valid", False) and eval_interval and nxt % eval_interval == 0:
+            return True
+        ckpt = getattr(cfg, "checkpoint", None)
+        save_interval = getattr(ckpt, "save_interval", None)
+        if getattr(ckpt, "save", None) and save_interval and nxt % save_interval == 0:
+            return True
+        exit_interval = getattr(train, "exit_interval", None)
+        return bool(nxt >= int(getattr(train, "train_iters", 0) or 0) or (exit_interval and nxt % exit_interval == 0))
+
+    def _synced_by_framework(self, engine: ParamSyncEngine) -> bool:
+        groups = engine._groups()
+        return bool(groups) and all(g.param_gather_dispatched and g.param_gather_handle is None for g in groups)
+
+    # ------------------------------------------------------------------ hooks
+    def on_train_start(self, context: Any) -> None:
+        self._model_key = None
+        self._engine(context)
+
+    def on_train_step_start(self, context: Any) -> None:
+        engine = self._engine(context)
+        if engine is None:
+            return
+        self._staged_for_sync = False
+        engine.note_training_step()
+        stats = engine.restore_for_training()
+        if stats.groups_reset:
+            self._record("on_train_step_start", stats)
+
+    def on_train_step_end(self, context: Any) -> None:
+        engine = self._engine(context)
+        if engine is None or not engine.overlap:
+            return
+        engine.note_training_step()
+        if self.prestage and self._forced_sync_expected(context):
+            engine.stage_main_params()
+            self._staged_for_sync = True
+
+    def _before_eval(self, context: Any, event: str) -> None:
+        engine = self._engine(context)
+        if engine is None:
+            return
+        if engine.optimizer is None:
+            # Eval-only job or eval before train start: nothing has stepped, so param.data is
+            # exactly what was initialised or loaded. Documented safe no-op.
+            log_rank_zero(
+                logging.INFO, "MXFP8 param-sync plugin: %s without an optimizer; weights are as loaded.", event
+            )
+            return
+        fresh = self._staged_for_sync and self._synced_by_framework(engine)
+        self._record(event, engine.refresh_weights(gathered_fresh=fresh))
+        self._staged_for_sync = False
+
+    def _after_eval(self, context: Any, event: str) -> None:
+        engine = self._engine(context)
+        if engine is None:
+            return
+        stats = engine.restore_for_training()
+        if engine.optimizer is not None and engine.behaviour.forced_sync_writes_back and engine.overlap:
+            # A save in this same iteration forces another sync whose write-back would copy the
+            # (now zeroed) buffer into the params; give it the weights instead.
+            engine.stage_main_params()
+            self._staged_for_sync = True
+        self._record(event, stats)
+
+    def on_eval_start(self, context: Any) -> None:
+        self._before_eval(context, "on_eval_start")
+
+    def on_test_start(self, context: Any) -> None:
+        self._before_eval(context, "on_test_start")
+
+    def on_eval_end(self, context: Any) -> None:
+        self._after_eval(context, "on_eval_end")
+
+    def on_test_end(self, context: Any) -> None:
+        self._after_eval(context, "on_test_end")
+
+    def on_checkpoint_save(self, context: Any) -> None:
+        engine = self._engine(context)
+        if engine is not None:
+            self._record("on_checkpoint_save", engine.restore_for_training())
+
+    def on_train_end(self, context: Any) -> None:
+        engine = self._engine(context)
+        if engine is None or not self.refresh_at_train_end or engine.optimizer is None:
+            return
+        fresh = self._staged_for_sync and self._synced_by_framework(engine)
+        self._record("on_train_end", engine.refresh_weights(gathered_fresh=fresh))
+        self._staged_for_sync = False
+
+    # Lightning-style conventions: nothing here must survive a resume.
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise MXFP8UsageError(f"MXFP8ParamSyncCallback keeps no state; got keys {sorted(state)}")
