@@ -157,10 +157,11 @@ class MXFP8ParamSyncCallback:
             return
         if engine.optimizer is None:
             # Eval-only job or eval before train start: nothing has stepped, so param.data is
-            # exactly what was initialised or loaded. Documented safe no-op.
+            # exactly what was initialised or loaded; only keep pre-hooks from gathering over it.
             log_rank_zero(
-                logging.INFO, "MXFP8 param-sync plugin: %s without an optimizer; weights are as loaded.", event
+                logging.INFO, "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.", event
             )
+            self._record(event, engine.hold_weights())
             return
         fresh = self._staged_for_sync and self._synced_by_framework(engine)
         self._record(event, engine.refresh_weights(gathered_fresh=fresh))

@@ -263,6 +263,21 @@ class ParamSyncEngine:
                         stats.buckets_zeroed += 1
                 plan.group.param_gather_dispatched = True
 
+    def hold_weights(self) -> SyncStats:
+        """Keep ``param.data`` as it is through an eval that may run with pre-hooks active.
+
+        For eval-only jobs and evals before the first step (no optimizer seen yet): the weights
+        are exactly as initialised or loaded, but the shared buffer holds no params, so a forward
+        pre-hook that gathers would overwrite them with zeros. Marking the groups synced makes the
+        hooks skip; :meth:`restore_for_training` undoes it.
+        """
+        stats = SyncStats(note="held weights as loaded")
+        if self.active and self.overlap:
+            for plan in self._plan():
+                if plan.group.param_gather_handle is None:
+                    plan.group.param_gather_dispatched = True
+        return stats
+
     def restore_for_training(self) -> SyncStats:
         """Undo what a forced sync leaves behind, so the next step gathers, copies and re-zeroes.
 

@@ -35,7 +35,9 @@ class ScenarioResult:
     plugin_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
-def _rank_body(mode: str, toy: ToyConfig, schedule: Any, run_test: bool, keep_weights: bool) -> ScenarioResult:
+def _rank_body(
+    mode: str, toy: ToyConfig, schedule: Any, run_test: bool, keep_weights: bool, callback_kwargs: dict[str, Any]
+) -> ScenarioResult:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("NO_VCS_VERSION", "1")
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback, check_bucket_alignment
@@ -53,7 +55,7 @@ def _rank_body(mode: str, toy: ToyConfig, schedule: Any, run_test: bool, keep_we
             probe = check_bucket_alignment(job.model, repair=False)
             before = len(probe.mismatches)
             details = [f"{m.param}: {m.found} -> {m.expected}" for m in probe.mismatches]
-        callback = MXFP8ParamSyncCallback() if mode == "plugin" else None
+        callback = MXFP8ParamSyncCallback(**callback_kwargs) if mode == "plugin" else None
         record = train(job, schedule, [callback] if callback else None, run_test=run_test)
         if mode != "reference":
             after = len(check_bucket_alignment(job.model, repair=False).mismatches)
@@ -79,10 +81,18 @@ def run_bridge_scenario(
     world_size: int = 2,
     run_test: bool = False,
     keep_weights: bool = False,
+    callback_kwargs: dict[str, Any] | None = None,
 ) -> list[ScenarioResult]:
     """Run one mode on ``world_size`` ranks through the Bridge 0.3.1 loop replica; per-rank results."""
     from .bridge_loop import LoopSchedule
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return launch(_rank_body, world_size, mode, toy or ToyConfig(), schedule or LoopSchedule(), run_test, keep_weights)
+    return launch(
+        _rank_body,
+        world_size,
+        mode,
+        toy or ToyConfig(),
+        schedule or LoopSchedule(), run_test, keep_weights,
+        callback_kwargs or {},
+    )

@@ -1,0 +1,64 @@
+"""Packaging promises: light imports, a console script, a clean no-op outside reuse mode."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback, MXFP8UsageError, ParamSyncEngine
+
+
+def test_import_does_not_pull_bridge_lightning_or_megatron():
+    code = (
+        "import sys, mbridge_mxfp8_plugin as m; m.MXFP8ParamSyncCallback();"
+        "bad=[k for k in sys.modules if k.startswith(('megatron', 'lightning', 'pytorch_lightning'))];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_callback_registers_through_real_bridge_callback_manager():
+    from mbridge_mxfp8_plugin.testing.bridge_loop import load_bridge_callbacks
+
+    cb_mod = load_bridge_callbacks()
+    manager = cb_mod.CallbackManager()
+    manager.add([MXFP8ParamSyncCallback()])
+    expected = {
+        "on_train_start",
+        "on_train_step_start",
+        "on_train_step_end",
+        "on_train_end",
+        "on_eval_start",
+        "on_eval_end",
+        "on_test_start",
+        "on_test_end",
+    } & set(cb_mod.VALID_EVENTS)
+    assert {e for e in cb_mod.VALID_EVENTS if manager.has_callbacks(e)} == expected
+
+
+def test_callback_is_a_noop_for_models_that_are_not_megatron_ddp(caplog):
+    import torch
+
+    cb = MXFP8ParamSyncCallback()
+    ctx = SimpleNamespace(model=[torch.nn.Linear(2, 2)], optimizer=None, state=None)
+    with caplog.at_level("INFO", logger="mbridge_mxfp8_plugin"):
+        for hook in ("on_train_start", "on_train_step_start", "on_eval_start", "on_eval_end", "on_train_end"):
+            getattr(cb, hook)(ctx)
+    assert cb.engine is None
+    assert sum("inactive" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_engine_rejects_non_ddp_with_actionable_message():
+    import torch
+
+    with pytest.raises(MXFP8UsageError, match="not megatron-core DistributedDataParallel"):
+        ParamSyncEngine([torch.nn.Linear(2, 2)])
+
+
+def test_console_script_help():
+    out = subprocess.run([sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "demo" in out.stdout
