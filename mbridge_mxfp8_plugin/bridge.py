@@ -148,35 +148,24 @@ class MXFP8ParamSyncCallback:
             return
         engine.note_training_step()
         if self.prestage and self._forced_sync_expected(context):
-            engine.stage_main_params()
-            self._staged_for_sync = True
+            self._staged_for_sync = engine.stage_main_params()
 
     def _before_eval(self, context: Any, event: str) -> None:
         engine = self._engine(context)
         if engine is None:
             return
         if engine.optimizer is None:
-            # Eval-only job or eval before train start: nothing has stepped, so param.data is
-            # exactly what was initialised or loaded; only keep pre-hooks from gathering over it.
-            log_rank_zero(
-                logging.INFO, "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.", event
-            )
-            self._record(event, engine.hold_weights())
-            return
+            log_rank_zero(logging.INFO, "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.", event)
         fresh = self._staged_for_sync and self._synced_by_framework(engine)
-        self._record(event, engine.refresh_weights(gathered_fresh=fresh))
+        self._record(event, engine.weights_for_eval(gathered_fresh=fresh))
         self._staged_for_sync = False
 
     def _after_eval(self, context: Any, event: str) -> None:
         engine = self._engine(context)
         if engine is None:
             return
-        stats = engine.restore_for_training()
-        if engine.optimizer is not None and engine.behaviour.forced_sync_writes_back and engine.overlap:
-            # A save in this same iteration forces another sync whose write-back would copy the
-            # (now zeroed) buffer into the params; give it the weights instead.
-            engine.stage_main_params()
-            self._staged_for_sync = True
+        stats = engine.back_to_training()
+        self._staged_for_sync = stats.staged
         self._record(event, stats)
 
     def on_eval_start(self, context: Any) -> None:

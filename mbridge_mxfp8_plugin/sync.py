@@ -75,7 +75,11 @@ class _Copy:
 @dataclass
 class _BucketPlan:
     bucket: Any
+    #: quantized params: one quantizing copy each (the param's own copy_ does the cast).
     copies: list[_Copy]
+    #: unmapped plain (bf16) params and their sources: one batched copy for all of them.
+    plain_dst: list[torch.nn.Parameter]
+    plain_src: list[torch.Tensor]
     #: quantized params that live on the buffer (non-reuse layouts): core's post-processing.
     mapped_quantized: list[torch.nn.Parameter]
     #: param_data aliases the grad buffer: must be zeroed after the copy or it becomes gradient.
@@ -99,6 +103,8 @@ def _plan_bucket(bucket: Any, buffer: Any) -> _BucketPlan:
     from megatron.core import fp8_utils
 
     copies: list[_Copy] = []
+    plain_dst: list[torch.nn.Parameter] = []
+    plain_src: list[torch.Tensor] = []
     mapped_quantized: list[torch.nn.Parameter] = []
     flat = bucket.param_data.view(-1)
     for param in bucket.params_list:
@@ -112,9 +118,14 @@ def _plan_bucket(bucket: Any, buffer: Any) -> _BucketPlan:
             continue
         # The buffer's padded index map, not bucket.param_to_index (defect A on core <= 0.16).
         start, end = expected_index(buffer, bucket, param)
-        copies.append(_Copy(param, flat[start:end].view(param.data.shape)))
+        src = flat[start:end].view(param.data.shape)
+        if quantized:
+            copies.append(_Copy(param, src))
+        else:
+            plain_dst.append(param)
+            plain_src.append(src)
     shared = bucket.param_data is not None and _same_storage(bucket.param_data, bucket.grad_data)
-    return _BucketPlan(bucket, copies, mapped_quantized, shared)
+    return _BucketPlan(bucket, copies, plain_dst, plain_src, mapped_quantized, shared)
 
 
 class ParamSyncEngine:
@@ -182,11 +193,16 @@ class ParamSyncEngine:
         """The optimizer may have changed the main params: param.data is no longer known fresh."""
         self.weights_fresh = False
 
-    def stage_main_params(self) -> None:
+    def gather_in_flight(self) -> bool:
+        """An asynchronous param all-gather is still writing into some bucket."""
+        return any(plan.group.param_gather_handle is not None for plan in self._plan())
+
+    def stage_main_params(self) -> bool:
         """Copy every rank's fp32 main-param shard into its slice of the param buffer.
 
-        Waits for in-flight gathers first: staging into a buffer that NCCL is still writing
-        would race.
+        Returns False (and does nothing) while an all-gather is in flight: staging into a buffer
+        that the collective is still writing would race, and dropping that gather's handle would
+        skip its copy-back. Callers that must stage anyway (a full refresh) wait first.
         """
         if self.optimizer is None:
             raise MXFP8UsageError(
@@ -194,10 +210,8 @@ class ParamSyncEngine:
                 "distributed optimizer; pass optimizer= (Bridge: the callback takes it from "
                 "on_train_start / on_train_step_start)"
             )
-        for plan in self._plan():
-            if plan.group.param_gather_handle is not None:
-                plan.group.param_gather_handle.wait()
-                plan.group.param_gather_handle = None
+        if self.gather_in_flight():
+            return False
         opts = distributed_optimizers(self.optimizer)
         if not opts:
             raise MXFP8UsageError(
@@ -208,6 +222,34 @@ class ParamSyncEngine:
             # Not prepare_model_params_for_param_sync(): it zeroes the whole grad buffer first,
             # a full-buffer write the gather below makes unnecessary.
             opt._copy_main_params_to_param_buffer()
+        return True
+
+    def _wait_in_flight(self) -> None:
+        # The refresh re-stages and re-gathers everything, so the in-flight gather's own
+        # copy-back is superseded; only its completion matters.
+        for plan in self._plan():
+            if plan.group.param_gather_handle is not None:
+                plan.group.param_gather_handle.wait()
+                plan.group.param_gather_handle = None
+
+    def weights_for_eval(self, *, gathered_fresh: bool = False) -> SyncStats:
+        """What every adapter does before eval/test: refresh, or hold the weights if no optimizer.
+
+        Without an optimizer (eval-only jobs, validation before fit) nothing has stepped, so
+        ``param.data`` is exactly what was initialised or loaded.
+        """
+        if self.optimizer is None:
+            return self.hold_weights()
+        return self.refresh_weights(gathered_fresh=gathered_fresh)
+
+    def back_to_training(self) -> SyncStats:
+        """What every adapter does after eval/test: restore (C) and, where core writes forced
+        gathers back (>= 0.18), re-stage so a save in the same iteration gathers weights rather
+        than the re-zeroed buffer."""
+        stats = self.restore_for_training()
+        if self.optimizer is not None and self.active and self.overlap and self.behaviour.forced_sync_writes_back:
+            stats.staged = self.stage_main_params()
+        return stats
 
     def refresh_weights(self, *, gathered_fresh: bool = False) -> SyncStats:
         """Make ``param.data`` equal the current main params (rounded to the param dtype).
@@ -235,8 +277,8 @@ class ParamSyncEngine:
                 self._write_back(plans, stats)
             stats.note = "reused the forced gather"
         else:
-            self.stage_main_params()
-            stats.staged = True
+            self._wait_in_flight()
+            stats.staged = self.stage_main_params()
             for plan in plans:
                 plan.group.start_param_sync(force_sync=True)
                 stats.all_gathers += 1
@@ -247,15 +289,19 @@ class ParamSyncEngine:
         return stats
 
     def _write_back(self, plans: list[_GroupPlan], stats: SyncStats) -> None:
-        from megatron.core.fp8_utils import post_all_gather_processing
+        from megatron.core import fp8_utils
 
+        # megatron-core <= 0.15 has no post-all-gather step (added in 0.16), and nothing to run.
+        post_all_gather_processing = getattr(fp8_utils, "post_all_gather_processing", None)
         with torch.no_grad():
             for plan in plans:
                 for bp in plan.buckets:
                     for copy in bp.copies:
                         copy.param.data.copy_(copy.src)  # quantizes for MXFP8 params
-                    stats.params_written += len(bp.copies)
-                    if bp.mapped_quantized:
+                    if bp.plain_dst:
+                        torch._foreach_copy_(bp.plain_dst, bp.plain_src)
+                    stats.params_written += len(bp.copies) + len(bp.plain_dst)
+                    if bp.mapped_quantized and post_all_gather_processing is not None:
                         post_all_gather_processing(bp.mapped_quantized)
                     if bp.shared_with_grads:
                         # The gathered bf16 values would otherwise be read as gradients.

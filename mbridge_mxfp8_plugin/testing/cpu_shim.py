@@ -40,6 +40,8 @@ def shim_needed() -> bool:
 
 
 def _to_cpu_device(device: Any) -> Any:
+    if isinstance(device, bool):  # Tensor.to(device, dtype, non_blocking) passes a bool positionally
+        return device
     if isinstance(device, int):
         return torch.device("cpu")
     if isinstance(device, str) and device.startswith("cuda"):

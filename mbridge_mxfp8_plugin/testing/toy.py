@@ -36,6 +36,10 @@ class ToyConfig:
     align_param_gather: bool = False
     reference: bool = False
     extra_ddp: dict[str, Any] = field(default_factory=dict)
+    #: Indices of layers whose params are expert-parallel (``allreduce=False``): megatron-core
+    #: puts them in ``expert_parallel_buffers``, reduced over the expert data-parallel group.
+    expert_layers: tuple[int, ...] = ()
+    expert_model_parallel_size: int = 1
 
 
 class _QuantizedLinear(torch.nn.Module):
@@ -60,18 +64,25 @@ class _QuantizedLinear(torch.nn.Module):
 class ToyModel(torch.nn.Module):
     """An MLP classifier; ``forward`` returns the mean cross-entropy."""
 
-    def __init__(self, cfg: ToyConfig) -> None:
+    def __init__(self, cfg: ToyConfig, device: torch.device | None = None) -> None:
         super().__init__()
-        gen = torch.Generator().manual_seed(cfg.seed)
+        # Generated on the target device: an emulated MXFP8 param cannot be moved by
+        # Module.to() without losing its class (as with TE's params, which are created in place).
+        device = device or torch.device("cpu")
+        gen = torch.Generator(device=device).manual_seed(cfg.seed)
         layers = []
         for d_in, d_out in zip(cfg.dims[:-1], cfg.dims[1:]):
-            w = torch.randn(d_out, d_in, generator=gen) / d_in**0.5
-            b = torch.randn(d_out, generator=gen) * 0.1
+            w = torch.randn(d_out, d_in, generator=gen, device=device) / d_in**0.5
+            b = torch.randn(d_out, generator=gen, device=device) * 0.1
             layers.append(_QuantizedLinear(w, b, cfg.reference))
         self.layers = torch.nn.ModuleList(layers)
+        for i in cfg.expert_layers:
+            for p in self.layers[i].parameters():
+                p.allreduce = False  # type: ignore[attr-defined]  # megatron-core's expert marker
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        h = x.to(torch.bfloat16)
+        device = self.layers[0].bias.device
+        h, y = x.to(device=device, dtype=torch.bfloat16), y.to(device)
         for i, layer in enumerate(self.layers):
             h = layer(h)
             if i < len(self.layers) - 1:
@@ -113,7 +124,7 @@ def build_job(cfg: ToyConfig) -> Job:
     from megatron.core.transformer import TransformerConfig
 
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1)
+        parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=cfg.expert_model_parallel_size)
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     try:
@@ -141,7 +152,8 @@ def build_job(cfg: ToyConfig) -> Job:
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
     )
-    module = ToyModel(cfg)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    module = ToyModel(cfg, device)
     chunk = DistributedDataParallel(tconfig, ddp_config, module)
     opt_config = OptimizerConfig(
         optimizer="adam",

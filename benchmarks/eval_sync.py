@@ -1,0 +1,463 @@
+"""Cost of the plugin's around-eval param sync vs megatron-core 0.19's native path and the physical floor.
+
+One command runs everything (on a 2-GPU host; see benchmarks/README.md):
+
+    python benchmarks/eval_sync.py run --core 0.16.1=/tmp/core0161 --core 0.19.2=/tmp/core0192 \
+        --out benchmarks/results
+
+``run`` starts one ``torchrun --nproc_per_node=2`` worker per megatron-core install (each its own
+PYTHONPATH), collects their JSON, computes the ratios and targets, and writes
+``eval_sync.json`` and ``eval_sync.png``. Both workers run inside the same invocation on the same
+machine, so ratios are measured side by side.
+
+What a worker measures, per model size (emulated-MXFP8 weights, bf16 biases, DP=2):
+
+* ``plugin_full``: the plugin gathers itself: stage main params, all-gather, write back, re-zero,
+  then restore (what the callback does when no forced sync preceded the eval);
+* ``plugin_prestaged``: the Bridge adapter's path: stage at ``on_train_step_end``, the framework's
+  forced all-gather, the plugin's write-back (core < 0.18) and restore: one gather in total;
+* ``native``: core 0.19's ``prepare_model_params_for_param_sync`` + forced sync with its own
+  post-processing (only where core has it);
+* ``quantize``: the write-back of MXFP8 params alone (the emulation's cost, not TE's);
+* the physical floor: bytes the necessary copies move / measured device-to-device bandwidth, plus
+  a raw NCCL all-gather of the same size;
+* all-gathers issued per eval, extra peak memory, host time per parameter on a model with ~10k
+  small params, and the hooks' cost on training steps without a forced sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = {"125M": (1024, 120), "1B": (4096, 60), "4B": (8192, 60)}  # hidden, layers of [h, h]
+REPS = 5
+
+
+# ----------------------------------------------------------------------------------- worker
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    torch.distributed.barrier()
+
+
+def _timeit(fn: Any, setup: Any = None, reps: int = REPS) -> float:
+    """Median seconds of ``fn`` over ``reps`` runs after one warm-up; ``setup`` runs untimed."""
+    times = []
+    for i in range(reps + 1):
+        if setup:
+            setup()
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class _GatherCounter:
+    """Counts all-gathers megatron-core issues (its buffer module binds the function at import)."""
+
+    def __init__(self) -> None:
+        from megatron.core.distributed import param_and_grad_buffer as pgb
+
+        self.pgb, self.orig, self.count = pgb, pgb.dist_all_gather_func, 0
+
+        def counted(*a: Any, **k: Any) -> Any:
+            self.count += 1
+            return self.orig(*a, **k)
+
+        pgb.dist_all_gather_func = counted
+
+    def take(self) -> int:
+        n, self.count = self.count, 0
+        return n
+
+
+def _peak_extra(fn: Any) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    _sync()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    _sync()
+    return int(torch.cuda.max_memory_allocated() - base)
+
+
+def _plain_quantizer() -> Any:
+    """Swap the emulated quantizer for one in-place cast: what TE's fused kernel costs in launches
+    and memory (no temporaries), so engine overheads are measured without the emulation's."""
+    import contextlib
+
+    import torch
+
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import EmulatedMXFP8Tensor
+
+    @contextlib.contextmanager
+    def ctx() -> Any:
+        orig = EmulatedMXFP8Tensor.quantize_
+
+        def direct(self: Any, values: torch.Tensor) -> None:
+            with torch._C.DisableTorchFunctionSubclass():
+                torch.Tensor.copy_(self, values.reshape(self.shape))
+
+        EmulatedMXFP8Tensor.quantize_ = direct  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            EmulatedMXFP8Tensor.quantize_ = orig  # type: ignore[method-assign]
+
+    return ctx()
+
+
+def _train_one_step(job: Any) -> None:
+    from mbridge_mxfp8_plugin.testing.bridge_loop import _handle_mxfp8_param_buffer_copy
+    from mbridge_mxfp8_plugin.testing.toy import make_batches
+
+    rank, world = __import__("torch").distributed.get_rank(), __import__("torch").distributed.get_world_size()
+    for chunk in job.model:
+        chunk.zero_grad_buffer()
+    job.optimizer.zero_grad()
+    _handle_mxfp8_param_buffer_copy(job.optimizer, job.model, True, True)
+    (x, y), = make_batches(job.toy, 1, rank=rank, world=world, salt=0)
+    job.model[0](x, y).backward()
+    for chunk in job.model:
+        chunk.finish_grad_sync()
+    job.optimizer.step()
+
+
+def _measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
+    import torch
+
+    from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback, ParamSyncEngine
+    from mbridge_mxfp8_plugin.sync import distributed_optimizers
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+
+    toy = ToyConfig(dims=(hidden,) * (layers + 1), micro_batch_size=4)
+    job = build_job(toy)
+    # Steady state: pre-hooks on, one real step behind us (the buffer holds reduced gradients).
+    _train_one_step(job)
+    engine = ParamSyncEngine(job.model, job.optimizer)
+    engine.prepare()
+    counter = _GatherCounter()
+    n_params = sum(p.numel() for p in job.model[0].parameters())
+    n_groups = len(engine._groups())
+    res: dict[str, Any] = {"size": label, "params": n_params, "bucket_groups": n_groups}
+
+    def reset() -> None:
+        engine.weights_fresh = False
+        for g in engine._groups():
+            g.param_gather_dispatched = False
+
+    def plugin_full() -> None:
+        engine.refresh_weights()
+        engine.restore_for_training()
+
+    def framework_forced_sync() -> None:
+        for chunk in job.model:
+            chunk.start_param_sync(force_sync=True)
+
+    def plugin_prestaged() -> None:
+        engine.stage_main_params()
+        framework_forced_sync()
+        engine.refresh_weights(gathered_fresh=True)
+        engine.restore_for_training()
+
+    res["plugin_full_s"] = _timeit(plugin_full, reset)
+    counter.take()
+    reset()
+    plugin_full()
+    res["plugin_full_allgathers"] = counter.take()
+    res["plugin_prestaged_s"] = _timeit(plugin_prestaged, reset)
+    counter.take()
+    reset()
+    plugin_prestaged()
+    res["plugin_prestaged_allgathers"] = counter.take()
+    # The plugin's own share of the prestaged path (the forced gather is the framework's).
+    res["framework_forced_sync_s"] = _timeit(framework_forced_sync, reset)
+
+    # Write-back of MXFP8 params alone = the emulated quantization's cost.
+    mx = [p for p in job.model[0].parameters() if type(p).__name__ == "EmulatedMXFP8Tensor"]
+    srcs = [torch.empty_like(p.detach(), dtype=torch.bfloat16) for p in mx[:1]]
+
+    def quantize_all() -> None:
+        for p in mx:
+            p.data.copy_(srcs[0] if srcs[0].shape == p.shape else p.detach())
+
+    res["quantize_s"] = _timeit(quantize_all)
+    del srcs
+    reset()
+    res["plugin_peak_extra_bytes_emulated"] = _peak_extra(plugin_full)
+    with _plain_quantizer():
+        reset()
+        res["plugin_peak_extra_bytes_engine"] = _peak_extra(plugin_full)
+        res["plugin_full_plainquant_s"] = _timeit(plugin_full, reset)
+
+    core = ParamSyncEngine(job.model, job.optimizer).behaviour
+    if core.has_prepare_for_param_sync:
+        opt = job.optimizer
+
+        def native() -> None:
+            if hasattr(opt, "prepare_model_params_for_param_sync"):
+                opt.prepare_model_params_for_param_sync()
+            else:
+                for o in distributed_optimizers(opt):
+                    o.prepare_model_params_for_param_sync()
+            framework_forced_sync()
+
+        res["native_s"] = _timeit(native, reset)
+        counter.take()
+        reset()
+        native()
+        res["native_allgathers"] = counter.take()
+        reset()
+        res["native_peak_extra_bytes_emulated"] = _peak_extra(native)
+
+    # Physical floor, measured in this process: copy bandwidth and a raw all-gather of the size.
+    elems = sum(b.param_data.numel() for g in engine._groups() for b in g.buckets)
+    dev = job.model[0].module.layers[0].bias.device
+    big = torch.empty(max(elems, 1 << 26), dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(big)
+    t_copy = _timeit(lambda: dst.copy_(big))
+    bw = 2 * big.numel() * big.element_size() / t_copy  # bytes read + written per second
+    world = torch.distributed.get_world_size()
+    shard = big[: elems // world]
+    out = big.new_empty(shard.numel() * world)
+    res["raw_allgather_s"] = _timeit(lambda: torch.distributed.all_gather_into_tensor(out, shard))
+    n = n_params
+    # stage: read fp32 shard + write bf16 shard; write-back: read bf16 + write the param
+    # (emulation stores bf16); re-zero the bf16 param region.
+    res["floor_copy_bytes"] = int((4 + 2) * n / world + (2 + 2) * n + 2 * n)
+    res["copy_bandwidth_Bps"] = bw
+    res["floor_s"] = res["floor_copy_bytes"] / bw + res["raw_allgather_s"]
+    del big, dst, out
+    counter.pgb.dist_all_gather_func = counter.orig
+
+    # Hooks on a training step with no forced sync ahead: what the callback costs per step.
+    cb = MXFP8ParamSyncCallback()
+    from types import SimpleNamespace
+
+    state = SimpleNamespace(
+        cfg=SimpleNamespace(
+            train=SimpleNamespace(eval_interval=1000, train_iters=10**6, exit_interval=None),
+            checkpoint=SimpleNamespace(save=None, save_interval=None),
+        ),
+        train_state=SimpleNamespace(step=1, do_valid=True),
+    )
+    ctx = SimpleNamespace(model=job.model, optimizer=job.optimizer, state=state)
+    cb.on_train_start(ctx)
+    counter = _GatherCounter()
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        cb.on_train_step_start(ctx)
+        cb.on_train_step_end(ctx)
+    res["hooks_per_plain_step_s"] = (time.perf_counter() - t0) / 1000
+    res["hooks_plain_step_allgathers"] = counter.take()
+    counter.pgb.dist_all_gather_func = counter.orig
+    del job, engine
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return res
+
+
+def _host_time_per_param() -> dict[str, Any]:
+    """~10k small params: host-side cost per param of a refresh (one write kernel per param)."""
+    from mbridge_mxfp8_plugin import ParamSyncEngine
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+
+    job = build_job(ToyConfig(dims=(64,) * 5001, micro_batch_size=2))
+    _train_one_step(job)
+    engine = ParamSyncEngine(job.model, job.optimizer)
+    engine.prepare()
+    n = sum(1 for _ in job.model[0].parameters())
+
+    def reset() -> None:
+        engine.weights_fresh = False
+        for g in engine._groups():
+            g.param_gather_dispatched = False
+
+    with _plain_quantizer():
+        t_refresh = _timeit(lambda: (engine.refresh_weights(), engine.restore_for_training()), reset)
+        t_written = _timeit(lambda: engine._write_back(engine._plan(), __import__("mbridge_mxfp8_plugin").SyncStats()))
+    t_restore = _timeit(engine.restore_for_training, reps=20)
+    return {
+        "params": n,
+        "refresh_per_param_s": t_refresh / n,
+        "write_back_per_param_s": t_written / n,
+        "restore_per_param_s": t_restore / n,
+    }
+
+
+def worker(args: argparse.Namespace) -> None:
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    import megatron.core
+
+    out: dict[str, Any] = {"core": megatron.core.__version__, "sizes": [], "torch": torch.__version__}
+    with cpu_shim(), emulated_mxfp8():
+        for label in args.sizes.split(","):
+            hidden, layers = SIZES[label] if label in SIZES else tuple(int(v) for v in label.split("x"))
+            out["sizes"].append(_measure_size(label, hidden, layers))
+            if torch.distributed.get_rank() == 0:
+                print(json.dumps(out["sizes"][-1]), flush=True)
+        if args.host_params:
+            out["host"] = _host_time_per_param()
+    if torch.distributed.get_rank() == 0:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    torch.distributed.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------- driver
+TARGETS = {
+    "plugin_vs_native": 1.10,
+    "plugin_vs_floor": 1.5,
+    "host_us_per_param": 5.0,
+}
+
+
+def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Ratios and pass/fail, from worker results of one invocation."""
+    old = next((r for v, r in runs.items() if not v.startswith("0.19")), None)
+    new = next((r for v, r in runs.items() if v.startswith("0.19")), None)
+    rows = []
+    for i, size in enumerate(old["sizes"] if old else []):
+        row: dict[str, Any] = {"size": size["size"], "params": size["params"]}
+        row["plugin_full_s"] = size["plugin_full_s"]
+        row["plugin_prestaged_s"] = size["plugin_prestaged_s"]
+        row["quantize_s"] = size["quantize_s"]
+        row["floor_s"] = size["floor_s"]
+        row["plugin_full_allgathers"] = size["plugin_full_allgathers"]
+        row["plugin_prestaged_allgathers"] = size["plugin_prestaged_allgathers"]
+        row["peak_extra_bytes_engine"] = size["plugin_peak_extra_bytes_engine"]
+        row["peak_extra_bytes_emulated"] = size["plugin_peak_extra_bytes_emulated"]
+        row["hooks_per_plain_step_us"] = size["hooks_per_plain_step_s"] * 1e6
+        row["hooks_plain_step_allgathers"] = size["hooks_plain_step_allgathers"]
+        if new and i < len(new["sizes"]) and "native_s" in new["sizes"][i]:
+            nat = new["sizes"][i]
+            row["native_0192_s"] = nat["native_s"]
+            row["native_allgathers"] = nat["native_allgathers"]
+            row["plugin_0192_prestaged_s"] = nat["plugin_prestaged_s"]
+            row["plugin_0192_prestaged_allgathers"] = nat["plugin_prestaged_allgathers"]
+            row["ratio_plugin_vs_native"] = size["plugin_prestaged_s"] / nat["native_s"]
+            row["ratio_plugin_full_vs_native"] = size["plugin_full_s"] / nat["native_s"]
+        row["ratio_plugin_vs_floor"] = size["plugin_prestaged_s"] / size["floor_s"]
+        row["ratio_plugin_minus_quantize_vs_floor"] = (size["plugin_prestaged_s"] - size["quantize_s"]) / size["floor_s"]
+        rows.append(row)
+    checks = []
+    for row in rows:
+        if row["size"] in ("1B", "4B"):
+            if "ratio_plugin_vs_native" in row:
+                checks.append((f"{row['size']} plugin/native <= 1.10", row["ratio_plugin_vs_native"] <= 1.10,
+                               row["ratio_plugin_vs_native"]))
+            checks.append((f"{row['size']} plugin/floor <= 1.5", row["ratio_plugin_vs_floor"] <= 1.5,
+                           row["ratio_plugin_vs_floor"]))
+        checks.append((f"{row['size']} prestaged all-gathers == bucket groups of native path",
+                       "native_allgathers" not in row or row["plugin_prestaged_allgathers"] <= row["native_allgathers"],
+                       row["plugin_prestaged_allgathers"]))
+        checks.append((f"{row['size']} extra peak memory (engine) == 0", row["peak_extra_bytes_engine"] == 0,
+                       row["peak_extra_bytes_engine"]))
+        checks.append((f"{row['size']} no collectives on plain steps", row["hooks_plain_step_allgathers"] == 0,
+                       row["hooks_plain_step_allgathers"]))
+    host = (old or {}).get("host")
+    if host:
+        us = host["refresh_per_param_s"] * 1e6
+        checks.append(("host time per param <= 5 us", us <= 5.0, us))
+    return {"rows": rows, "host": host, "checks": [{"check": c, "pass": p, "value": v} for c, p, v in checks]}
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = summary["rows"]
+    labels = [r["size"] for r in rows]
+    series = [
+        ("plugin, core 0.16.1 (prestaged)", "plugin_prestaged_s"),
+        ("plugin, core 0.16.1 (gathers itself)", "plugin_full_s"),
+        ("native, core 0.19.2", "native_0192_s"),
+        ("of which emulated quantize", "quantize_s"),
+        ("physical floor", "floor_s"),
+    ]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.16
+    for i, (name, key) in enumerate(series):
+        vals = [r.get(key, 0.0) * 1e3 for r in rows]
+        ax.bar([x + (i - 2) * width for x in range(len(rows))], vals, width, label=name)
+    ax.set_xticks(range(len(rows)), labels)
+    ax.set_ylabel("ms per eval (before-eval sync + after-eval restore)")
+    ax.set_yscale("log")
+    ax.set_title("MXFP8 param sync around eval, DP=2, H200 + NCCL")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, dict[str, Any]] = {}
+    for spec in args.core:
+        version, path = spec.split("=", 1)
+        json_path = out / f"eval_sync_core{version.replace('.', '')}.json"
+        env = dict(os.environ, PYTHONPATH=f"{path}:{REPO}:{os.environ.get('PYTHONPATH', '')}", NO_VCS_VERSION="1")
+        host = ["--host-params"] if not version.startswith("0.19") else []
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
+               __file__, "worker", "--sizes", args.sizes, "--json", str(json_path), *host]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, env=env, check=True)
+        runs[version] = json.loads(json_path.read_text())
+    summary = summarize(runs)
+    summary["runs"] = runs
+    (out / "eval_sync.json").write_text(json.dumps(summary, indent=2))
+    plot(summary, out / "eval_sync.png")
+    for c in summary["checks"]:
+        print(f"{'PASS' if c['pass'] else 'FAIL'}  {c['check']}  ({c['value']:.4g})")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("worker")
+    w.add_argument("--sizes", default="125M,1B,4B")
+    w.add_argument("--json", required=True)
+    w.add_argument("--host-params", action="store_true")
+    r = sub.add_parser("run")
+    r.add_argument("--core", action="append", required=True, help="VERSION=PYTHONPATH of a megatron-core install")
+    r.add_argument("--sizes", default="125M,1B,4B")
+    r.add_argument("--nproc", type=int, default=2)
+    r.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    args = parser.parse_args()
+    if args.cmd == "worker":
+        worker(args)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

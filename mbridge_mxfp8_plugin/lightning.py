@@ -1,0 +1,388 @@
+"""Lightning adapter: :class:`MXFP8ParamSyncLightningCallback` for ``Trainer(callbacks=[...])``.
+
+Lightning is an optional extra; this module is the only one that imports it.
+
+Lightning loops around megatron-core (NeMo 2's ``MegatronStrategy``, or a user's own
+``LightningModule`` driving DDP chunks and a Megatron optimizer) differ from Bridge's in ways that
+decide where the fixes must go:
+
+* NeMo 2 never toggles the forward pre-hooks around validation: the first validation forward's
+  pre-hook gathers whatever the shared grad/param buffer holds, i.e. the reduced gradients of the
+  last step. ``on_validation_start`` therefore refreshes the weights and marks the buckets synced
+  so the pre-hooks skip (B); ``on_validation_end`` undoes that so the next step gathers (C).
+* NeMo 2 never stages the fp32 main params into the shared buffer before a training step
+  (megatron-core leaves that to the loop when ``overlap_param_gather`` is on), so without help
+  every step's pre-hook gathers the just-zeroed buffer. NeMo's ``MegatronParallel`` forwards the
+  trainer's callbacks its own events; :meth:`~MXFP8ParamSyncLightningCallback.on_megatron_microbatches_start`
+  fires after ``zero_grad_buffer()`` and before the first forward, the one point where staging is
+  both needed and safe. Loops that stage themselves (Bridge style) are left alone.
+* NeMo 2's only forced sync is ``MegatronStrategy.save_checkpoint`` -> ``force_param_sync()``,
+  with no Lightning hook after it; ``on_save_checkpoint`` runs just before it and
+  ``on_train_batch_start`` resets what it leaves behind (C).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+try:
+    from lightning.pytorch import Callback
+except ImportError as _exc:  # the extra is not installed
+    raise ImportError(
+        "mbridge_mxfp8_plugin.lightning needs Lightning: pip install 'mbridge-mxfp8-plugin[lightning]'"
+    ) from _exc
+
+from ._log import log_rank_zero
+from .buckets import is_megatron_ddp
+from .errors import MXFP8UsageError
+from .sync import ParamSyncEngine, SyncStats, distributed_optimizers, reuse_mode_active
+
+__all__ = ["MXFP8ParamSyncLightningCallback", "find_megatron_optimizer", "find_model_chunks"]
+
+ModelGetter = Callable[[Any, Any], Any]
+OptimizerGetter = Callable[[Any, Any], Any]
+
+#: Attributes that frameworks use to wrap a Megatron optimizer (NeMo: ``mcore_optimizer``;
+#: Lightning's ``LightningOptimizer``: ``_optimizer``; generic wrappers: ``optimizer``).
+_OPTIMIZER_WRAPPER_ATTRS = ("mcore_optimizer", "_optimizer", "optimizer")
+_MAX_DEPTH = 6
+
+
+def _is_megatron_fsdp(obj: Any) -> bool:
+    return bool(getattr(getattr(obj, "ddp_config", None), "use_megatron_fsdp", False))
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, (list, tuple)):
+        names = [type(o).__name__ for o in obj[:4]] + (["..."] if len(obj) > 4 else [])
+        return f"{type(obj).__name__}[{', '.join(names)}]"
+    return type(obj).__name__
+
+
+def find_model_chunks(roots: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+    """Megatron-core DDP chunks reachable from ``roots``; returns ``(ddp_chunks, fsdp_chunks)``.
+
+    Walks lists and ``ModuleList``-like containers (NeMo's ``MegatronParallel`` is one), ``.module``
+    wrapper chains (``Float16Module`` -> DDP) and child modules, but never into a DDP chunk: the
+    model inside can be huge and holds nothing we need. Order is preserved, duplicates dropped.
+    """
+    found: list[Any] = []
+    fsdp: list[Any] = []
+    seen: set[int] = set()
+
+    def visit(obj: Any, depth: int) -> None:
+        if obj is None or id(obj) in seen or depth > _MAX_DEPTH:
+            return
+        seen.add(id(obj))
+        if _is_megatron_fsdp(obj) and hasattr(obj, "ddp_config"):
+            fsdp.append(obj)
+            return
+        if is_megatron_ddp(obj):
+            found.append(obj)
+            return
+        if isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item, depth + 1)
+            return
+        inner = getattr(obj, "module", None) if not isinstance(obj, type) else None
+        if inner is not None:
+            visit(inner, depth + 1)
+        children = getattr(obj, "children", None)
+        if callable(children):
+            try:
+                kids = list(children())
+            except TypeError:
+                kids = []
+            for child in kids:
+                visit(child, depth + 1)
+
+    for root in roots:
+        visit(root, 0)
+    return found, fsdp
+
+
+def find_megatron_optimizer(candidates: Iterable[Any]) -> Any | None:
+    """The first candidate that is, or wraps, a Megatron optimizer holding a DistributedOptimizer.
+
+    Returns the outermost Megatron object (usually a ``ChainedOptimizer``), since that is what
+    ``get_megatron_optimizer`` hands the loop and what the engine expects.
+    """
+    for candidate in candidates:
+        obj = candidate
+        for _ in range(_MAX_DEPTH):
+            if obj is None:
+                break
+            if distributed_optimizers(obj):
+                return obj
+            inner = (getattr(obj, a, None) for a in _OPTIMIZER_WRAPPER_ATTRS)
+            obj = next((o for o in inner if o is not None), None)
+    return None
+
+
+def _forward_pre_hooks_enabled(chunks: Sequence[Any]) -> bool:
+    return all(len(getattr(c, "remove_forward_pre_hook_handles", {}) or {}) > 0 for c in chunks)
+
+
+class MXFP8ParamSyncLightningCallback(Callback):
+    """Keeps MXFP8 params correct around validation, test and checkpoint saves in Lightning.
+
+    Args:
+        model_getter: ``(trainer, pl_module) -> chunk or list of chunks`` when the megatron-core
+            DDP chunks cannot be found from ``trainer.strategy.model`` / ``pl_module``.
+        optimizer_getter: ``(trainer, pl_module) -> optimizer`` when the Megatron optimizer is not
+            in ``trainer.optimizers`` (directly or behind ``.mcore_optimizer`` / ``.optimizer``).
+        repair_alignment: rewrite wrong bucket offsets (defect A) at fit start; ``False`` raises.
+        stage_for_nemo_steps: stage main params at NeMo's ``on_megatron_microbatches_start``
+            (training steps only, pre-hooks on). Turn off only if the loop stages them itself.
+        refresh_at_train_end: make the weights current after fit, for export / test.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_getter: ModelGetter | None = None,
+        optimizer_getter: OptimizerGetter | None = None,
+        repair_alignment: bool = True,
+        stage_for_nemo_steps: bool = True,
+        refresh_at_train_end: bool = True,
+    ) -> None:
+        self.model_getter = model_getter
+        self.optimizer_getter = optimizer_getter
+        self.repair_alignment = repair_alignment
+        self.stage_for_nemo_steps = stage_for_nemo_steps
+        self.refresh_at_train_end = refresh_at_train_end
+        self._reset_runtime()
+
+    def _reset_runtime(self) -> None:
+        self.engine: ParamSyncEngine | None = None
+        self._model_key: tuple[int, ...] | None = None
+        self._inactive_reason: str | None = None
+        self._stepped = False
+        self.last_stats: SyncStats | None = None
+        self.history: list[tuple[str, SyncStats]] = []
+
+    # ------------------------------------------------------------------ Lightning conventions
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(repair_alignment=self.repair_alignment)
+
+    def state_dict(self) -> dict[str, Any]:
+        # Everything here is derived from the live model; nothing must survive a resume.
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            raise MXFP8UsageError(
+                f"MXFP8ParamSyncLightningCallback keeps no state; checkpoint holds keys {sorted(state_dict)}"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The engine references live model chunks and process groups, which do not pickle and
+        # would be wrong in another process anyway; it is rebuilt from the trainer on first use.
+        state = self.__dict__.copy()
+        for key in ("engine", "_model_key", "_inactive_reason", "_stepped", "last_stats", "history"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_runtime()
+
+    # ------------------------------------------------------------------ discovery
+    def _chunks(self, trainer: Any, pl_module: Any) -> list[Any]:
+        self._inactive_reason = None
+        if self.model_getter is not None:
+            got = self.model_getter(trainer, pl_module)
+            roots: list[Any] = [got]
+        else:
+            roots = [getattr(getattr(trainer, "strategy", None), "model", None), pl_module]
+        chunks, fsdp = find_model_chunks(roots)
+        if chunks:
+            return chunks
+        if fsdp:
+            self._inactive_reason = "the model uses Megatron-FSDP, which does not have these defects"
+            return []
+        where = "model_getter's result" if self.model_getter else "trainer.strategy.model and pl_module"
+        seen = ", ".join(_describe(r) for r in roots if r is not None) or "nothing"
+        raise MXFP8UsageError(
+            f"MXFP8 param-sync plugin found no megatron-core DistributedDataParallel chunk in {where} "
+            f"(saw: {seen}); pass model_getter=lambda trainer, pl_module: [ddp_chunk, ...]"
+        )
+
+    def _optimizer(self, trainer: Any, pl_module: Any) -> Any | None:
+        if self.optimizer_getter is not None:
+            candidates: list[Any] = [self.optimizer_getter(trainer, pl_module)]
+        else:
+            candidates = list(getattr(trainer, "optimizers", None) or [])
+        found = find_megatron_optimizer(candidates)
+        if found is None and self.optimizer_getter is not None:
+            raise MXFP8UsageError(
+                f"optimizer_getter returned {_describe(candidates[0])}, which neither is nor wraps (via "
+                f"{'/'.join(_OPTIMIZER_WRAPPER_ATTRS)}) a Megatron optimizer with a DistributedOptimizer"
+            )
+        return found
+
+    def _bind(self, trainer: Any, pl_module: Any, *, need_optimizer: bool) -> ParamSyncEngine | None:
+        """Find chunks and optimizer; (re)build the engine only when the chunks changed."""
+        chunks = self._chunks(trainer, pl_module)
+        key = tuple(id(c) for c in chunks)
+        if key != self._model_key:
+            self._model_key = key
+            self.engine = None
+            if chunks and not reuse_mode_active(chunks):
+                self._inactive_reason = (
+                    "reuse_grad_buf_for_mxfp8_param_ag is off or the distributed optimizer is not used"
+                )
+            if self._inactive_reason:
+                log_rank_zero(
+                    logging.INFO,
+                    "MXFP8 param-sync plugin inactive: %s; nothing to do.",
+                    self._inactive_reason,
+                )
+                return None
+            self.engine = ParamSyncEngine(chunks)
+            report = self.engine.prepare(repair_offsets=self.repair_alignment)
+            beh = self.engine.behaviour
+            log_rank_zero(
+                logging.INFO,
+                "MXFP8 param-sync plugin active (Lightning, %d chunk(s)): %s; core forced-sync write-back=%s,"
+                " dispatch reset=%s",
+                len(chunks),
+                report.summary() if report else "no buckets",
+                beh.forced_sync_writes_back,
+                beh.has_dispatch_reset,
+            )
+        if self.engine is None:
+            return None
+        engine = self.engine
+        optimizer = self._optimizer(trainer, pl_module)
+        if optimizer is not None:
+            engine.optimizer = optimizer
+        elif need_optimizer and engine.overlap and engine.optimizer is None:
+            seen = ", ".join(_describe(o) for o in (getattr(trainer, "optimizers", None) or [])) or "none"
+            raise MXFP8UsageError(
+                "MXFP8 param-sync plugin found no Megatron optimizer with a DistributedOptimizer in "
+                f"trainer.optimizers (saw: {seen}; looked behind .{', .'.join(_OPTIMIZER_WRAPPER_ATTRS)}); "
+                "return it from configure_optimizers or pass optimizer_getter=lambda trainer, pl_module: opt"
+            )
+        return engine
+
+    def _record(self, event: str, stats: SyncStats) -> None:
+        self.last_stats = stats
+        self.history.append((event, stats))
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # Strategies such as NeMo's wrap the model in DDP after the callbacks' setup, so nothing
+        # can be validated yet; start from a clean slate for this stage.
+        self._model_key = None
+        self.engine = None
+        self._stepped = False
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._bind(trainer, pl_module, need_optimizer=True)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # Drop references to the model so a finished Trainer does not keep it alive through us.
+        self.engine = None
+        self._model_key = None
+
+    # ------------------------------------------------------------------ training
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        engine.note_training_step()
+        # Safety net: a checkpoint save (or any forced sync) since the last step fires no hook
+        # afterwards; without this reset the step would skip its gather (C).
+        stats = engine.restore_for_training()
+        if stats.groups_reset:
+            self._record("on_train_batch_start", stats)
+
+    def on_megatron_microbatches_start(self, step: Any = None, **kwargs: Any) -> None:
+        """NeMo 2 ``MegatronParallel`` event: after ``zero_grad_buffer()``, before the first forward.
+
+        NeMo never stages the main params, so each step's pre-hook would gather the zeroed buffer.
+        Staging is done only when a gather is certain to follow (pre-hooks on, nothing dispatched),
+        since staged values that are not gathered and re-zeroed become gradients.
+        """
+        engine = self.engine
+        if engine is None or not self.stage_for_nemo_steps or getattr(step, "forward_only", False):
+            return
+        if not engine.overlap or engine.optimizer is None:
+            return
+        engine.restore_for_training()
+        if not _forward_pre_hooks_enabled(engine.model_chunks):
+            return
+        if any(g.param_gather_dispatched for g in engine._groups()):
+            return
+        engine.stage_main_params()
+        self._stepped = True
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.engine is not None:
+            self.engine.note_training_step()
+            self._stepped = True
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        engine = self.engine
+        if engine is None or not self.refresh_at_train_end or engine.optimizer is None or not self._stepped:
+            return
+        self._record("on_train_end", engine.refresh_weights())
+
+    # ------------------------------------------------------------------ validation / test
+    def _before_eval(self, trainer: Any, pl_module: Any, event: str) -> None:
+        engine = self.engine
+        if engine is None:
+            engine = self._bind(trainer, pl_module, need_optimizer=False)
+        if engine is None:
+            return
+        if engine.optimizer is None:
+            # validate()/test() without fit: param.data is what was initialised or loaded, and the
+            # shared buffer holds no params; keep the pre-hooks from gathering over the weights.
+            log_rank_zero(
+                logging.INFO,
+                "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.",
+                event,
+            )
+        # Also right for the sanity check before any step: the main params equal the weights then.
+        self._record(event, engine.weights_for_eval())
+
+    def _after_eval(self, event: str) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        # ModelCheckpoint runs after us and a NeMo save forces a sync: back_to_training re-stages
+        # where core writes forced gathers back (>= 0.18).
+        self._record(event, engine.back_to_training())
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._before_eval(trainer, pl_module, "on_validation_start")
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._after_eval("on_validation_end")
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._before_eval(trainer, pl_module, "on_test_start")
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._after_eval("on_test_end")
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """Runs inside ``trainer.save_checkpoint`` just before ``strategy.save_checkpoint``.
+
+        NeMo's strategy then forces a param sync and reads the weights: make ``param.data``
+        current (core < 0.18 never writes a forced gather back) and, where core does write back,
+        re-stage so that write-back gathers weights rather than the re-zeroed buffer.
+        """
+        engine = self.engine
+        if engine is None or engine.optimizer is None or not engine.overlap or not self._stepped:
+            return
+        self._record("on_save_checkpoint", engine.refresh_weights())
+        if engine.behaviour.forced_sync_writes_back:
+            engine.stage_main_params()

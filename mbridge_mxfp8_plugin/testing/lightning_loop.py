@@ -1,0 +1,388 @@
+"""A real ``lightning.pytorch.Trainer`` driving megatron-core DDP + distributed optimizer, NeMo-2 style.
+
+NeMo 2 itself cannot be installed here (it needs Transformer Engine and Apex), but what decides
+whether MXFP8 weights are right is the order of a handful of operations, which this module
+reproduces in its own minimal code (references are to ``nemo/lightning`` of NVIDIA/NeMo, 2025-09):
+
+* ``MegatronStrategy.training_step``: ``zero_grad_buffer()`` on every chunk and ``zero_grad()`` on
+  every optimizer, then ``MegatronParallel.forward``, which fires ``on_megatron_microbatches_start``
+  on every trainer callback that defines it (``CallbackConnector``), runs the microbatches and
+  finalizes the grads; the Megatron optimizer steps through a ``torch.optim.Optimizer`` wrapper
+  that keeps it as ``.mcore_optimizer``. Nothing stages the fp32 main params.
+* Validation: plain forwards; the forward pre-hooks stay enabled.
+* ``MegatronStrategy.save_checkpoint``: ``force_param_sync()`` (synchronous all-gather on every
+  chunk, pre-hooks untouched) before the weights are read.
+
+:class:`LoopOrder` switches between that and a Bridge-style user loop (stages the main params
+each step, first step without pre-hooks, pre-hooks disabled around validation by a callback
+that runs before the plugin's). Each rank runs one process-local Trainer (``devices=1``); the
+collectives are megatron-core's own, over the process group the launcher set up.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+from .toy import Job, ToyConfig, make_batches
+
+__all__ = ["ORDERS", "LoopOrder", "LightningRun", "run_lightning_orders"]
+
+
+@dataclass(frozen=True)
+class LoopOrder:
+    """One way a Lightning loop orders staging, forced syncs and pre-hook toggles."""
+
+    name: str
+    #: NeMo's MegatronParallel: fire ``on_megatron_microbatches_start`` to the trainer callbacks.
+    nemo_events: bool = True
+    #: the loop copies main params into the shared buffer itself, like Bridge's train_step.
+    stages_main_params: bool = False
+    #: Bridge: the first iteration runs with the pre-hooks disabled (no sync).
+    first_step_without_hooks: bool = False
+    #: Bridge: ``disable_forward_pre_hook()`` before the callbacks' on_validation_start, enable after.
+    toggle_hooks_around_validation: bool = False
+    #: NeMo: ModelCheckpoint every N steps -> strategy.save_checkpoint -> force_param_sync().
+    save_every: int | None = None
+    num_sanity_val_steps: int = 0
+
+
+ORDERS: dict[str, LoopOrder] = {
+    # NeMo 2 default: no forced sync at all, pre-hooks on during validation.
+    "nemo": LoopOrder("nemo"),
+    # NeMo 2 with a checkpoint save right before each validation and the sanity check.
+    "nemo_save_sanity": LoopOrder("nemo_save_sanity", save_every=3, num_sanity_val_steps=2),
+    # A user loop that stages like Bridge but validates with pre-hooks on (NeMo's validation).
+    "staging_prehooks": LoopOrder("staging_prehooks", nemo_events=False, stages_main_params=True),
+    # Bridge's order around eval, in Lightning.
+    "bridge": LoopOrder(
+        "bridge",
+        nemo_events=False,
+        stages_main_params=True,
+        first_step_without_hooks=True,
+        toggle_hooks_around_validation=True,
+    ),
+}
+
+
+@dataclass
+class LightningRun:
+    """What one Trainer.fit produced on one rank (losses are DP means, equal on every rank)."""
+
+    order: str
+    mode: str
+    train_losses: list[float] = field(default_factory=list)
+    #: (global_step, sanity_check, loss) per validation run, in order.
+    val_losses: list[tuple[int, bool, float]] = field(default_factory=list)
+    saves: list[int] = field(default_factory=list)
+    #: loss of ``trainer.test()`` run after fit, on the same data as validation.
+    test_loss: float | None = None
+    plugin_events: list[str] = field(default_factory=list)
+
+
+def _dp_mean(value: torch.Tensor) -> float:
+    t = value.detach().float().reshape(1).clone()
+    torch.distributed.all_reduce(t)
+    return float(t.item() / torch.distributed.get_world_size())
+
+
+def _build_classes() -> dict[str, Any]:
+    """Lightning-dependent classes, built on first use so importing this module needs no Lightning."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from .bridge_loop import _handle_mxfp8_param_buffer_copy
+
+    class McoreOptimizerWrapper(torch.optim.Optimizer):
+        """Like NeMo's ``McoreDistributedOptimizer``: a torch Optimizer face for Lightning."""
+
+        def __init__(self, optim: Any) -> None:  # no super().__init__: it needs params
+            self.defaults: dict[str, Any] = {}
+            self.mcore_optimizer = optim
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            self.mcore_optimizer.zero_grad(set_to_none)
+
+        def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+            loss = closure() if closure is not None else None
+            self.mcore_optimizer.step()
+            return loss
+
+        @property  # type: ignore[override]
+        def state(self) -> dict[Any, Any]:
+            return {}
+
+        @state.setter
+        def state(self, value: Any) -> None:
+            pass
+
+        @property  # type: ignore[override]
+        def param_groups(self) -> list[dict[str, Any]]:
+            return list(self.mcore_optimizer.param_groups)
+
+        @param_groups.setter
+        def param_groups(self, value: Any) -> None:
+            pass
+
+        def state_dict(self) -> dict[str, Any]:
+            return {}
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            pass
+
+    class ChunkWrapper(torch.nn.Module):
+        """NeMo wraps each DDP chunk once more (``Float16Module.module`` is the DDP chunk)."""
+
+        def __init__(self, ddp: Any) -> None:
+            super().__init__()
+            self.module = ddp
+
+        def forward(self, *args: Any) -> Any:
+            return self.module(*args)
+
+    class MegatronParallelLike(torch.nn.ModuleList):
+        """A list-like container of chunks, as NeMo's ``MegatronParallel`` is."""
+
+    class NeMoLikeStrategy(SingleDeviceStrategy):
+        """``save_checkpoint`` as NeMo's ``MegatronStrategy``: force a param sync, then read weights."""
+
+        def save_checkpoint(
+            self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
+        ) -> None:
+            module: Any = self.lightning_module
+            ddp = module.job.ddp_config
+            if ddp.use_distributed_optimizer and ddp.overlap_param_gather:
+                for chunk in module.job.model:
+                    chunk.start_param_sync(force_sync=True)
+            module.record.saves.append(int(module.trainer.global_step))
+            # No file: the toy's emulated MXFP8 tensors need no round trip to test the order.
+
+        def remove_checkpoint(self, filepath: Any) -> None:
+            pass
+
+        def model_to_device(self) -> None:
+            # megatron-core allocated everything on the (shimmed) device already; Module.to()
+            # under cpu_shim would also trip over its bool-as-ordinal device rewrite.
+            pass
+
+    class HookToggle(pl.Callback):
+        """Bridge's eval bracket: runs before the plugin on start (listed first)."""
+
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            if pl_module.toggle:
+                for chunk in pl_module.job.model:
+                    chunk.disable_forward_pre_hook()  # forced all-gather
+
+    class ToyLightningModule(pl.LightningModule):
+        def __init__(self, job: Job, order: LoopOrder, record: LightningRun, events: list[str]) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.job = job
+            self.order = order
+            self.record = record
+            self.events = events
+            self.megatron_parallel = MegatronParallelLike([ChunkWrapper(c) for c in job.model])
+            self.toggle = bool(
+                job.ddp_config.use_distributed_optimizer and job.ddp_config.overlap_param_gather
+            )
+            self._val: list[torch.Tensor] = []
+            self._first = True
+
+        def configure_optimizers(self) -> Any:
+            return McoreOptimizerWrapper(self.job.optimizer)
+
+        def on_train_start(self) -> None:
+            if self.order.first_step_without_hooks and self.toggle:
+                for chunk in self.job.model:
+                    chunk.disable_forward_pre_hook(param_sync=False)
+
+        def _fire_nemo(self, name: str, step: Any) -> None:
+            trainer: Any = self.trainer
+            for cb in trainer.callbacks:  # CallbackConnector: every callback with the method
+                method = getattr(cb, name, None)
+                if callable(method):
+                    method(step=step)
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            job = self.job
+            opt: Any = self.optimizers()
+            for chunk in job.model:
+                chunk.zero_grad_buffer()
+            opt.zero_grad()
+            if self.order.stages_main_params:
+                _handle_mxfp8_param_buffer_copy(
+                    job.optimizer,
+                    job.model,
+                    job.optimizer_config.reuse_grad_buf_for_mxfp8_param_ag,
+                    job.ddp_config.overlap_param_gather,
+                )
+            if self.order.nemo_events:
+                self._fire_nemo("on_megatron_microbatches_start", _Step(forward_only=False))
+            x, y = batch
+            loss = self.megatron_parallel[0](x, y)
+            loss.backward()
+            for chunk in job.model:
+                chunk.finish_grad_sync()
+            opt.step()
+            self.record.train_losses.append(_dp_mean(loss))
+            if self._first and self.order.first_step_without_hooks and self.toggle:
+                for chunk in job.model:
+                    chunk.enable_forward_pre_hook()
+            self._first = False
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            if self.order.nemo_events:
+                self._fire_nemo("on_megatron_microbatches_start", _Step(forward_only=True))
+            x, y = batch
+            self._val.append(self.megatron_parallel[0](x, y).detach())
+
+        def on_validation_epoch_end(self) -> None:
+            loss = _dp_mean(torch.stack(self._val).mean())
+            self._val = []
+            self.record.val_losses.append(
+                (int(self.trainer.global_step), bool(self.trainer.sanity_checking), loss)
+            )
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self._val.append(self.megatron_parallel[0](x, y).detach())
+
+        def on_test_epoch_end(self) -> None:
+            self.record.test_loss = _dp_mean(torch.stack(self._val).mean())
+            self._val = []
+
+        def on_validation_end(self) -> None:
+            # Runs after every callback's on_validation_end: Bridge re-enables here.
+            if self.order.toggle_hooks_around_validation and self.toggle:
+                for chunk in self.job.model:
+                    chunk.enable_forward_pre_hook()
+
+    return {
+        "ToyLightningModule": ToyLightningModule,
+        "NeMoLikeStrategy": NeMoLikeStrategy,
+        "HookToggle": HookToggle,
+    }
+
+
+@dataclass(frozen=True)
+class _Step:
+    """The part of NeMo's ``MegatronStep`` the callbacks read."""
+
+    forward_only: bool
+
+
+class _Batches(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batches[i]
+
+
+def _loader(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    return torch.utils.data.DataLoader(_Batches(batches), batch_size=None, shuffle=False)
+
+
+def _fit_once(
+    order: LoopOrder, mode: str, toy: ToyConfig, train_steps: int, val_every: int, workdir: str
+) -> LightningRun:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from ..lightning import MXFP8ParamSyncLightningCallback
+    from .toy import build_job
+
+    classes = _build_classes()
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    job = build_job(replace(toy, reference=(mode == "reference")))
+    record = LightningRun(order=order.name, mode=mode)
+    events: list[str] = []
+    module = classes["ToyLightningModule"](job, order, record, events)
+    train = [make_batches(toy, 1, rank=rank, world=world, salt=i)[0] for i in range(train_steps)]
+    val = make_batches(toy, 2, rank=rank, world=world, salt=99991)
+    plugin = MXFP8ParamSyncLightningCallback() if mode == "plugin" else None
+    callbacks: list[Any] = []
+    if order.toggle_hooks_around_validation:
+        callbacks.append(classes["HookToggle"]())
+    if plugin is not None:
+        callbacks.append(plugin)
+    if order.save_every:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=os.path.join(workdir, f"{order.name}-{mode}"), every_n_train_steps=order.save_every
+            )
+        )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=classes["NeMoLikeStrategy"](device=torch.device("cpu")),
+        max_epochs=1,
+        max_steps=train_steps,
+        val_check_interval=val_every,
+        limit_val_batches=len(val),
+        num_sanity_val_steps=order.num_sanity_val_steps,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=bool(order.save_every),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=workdir,
+    )
+    trainer.fit(module, _loader(train), _loader(val))
+    trainer.test(module, _loader(val), verbose=False)
+    if plugin is not None:
+        record.plugin_events = [f"{e}:{asdict(s)['note'] or 'ok'}" for e, s in plugin.history]
+    return record
+
+
+def _rank_body(
+    orders: list[LoopOrder], modes: list[str], toy: ToyConfig, train_steps: int, val_every: int
+) -> list[Any]:
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    from .cpu_shim import cpu_shim
+    from .emulated_mxfp8 import emulated_mxfp8
+
+    out = []
+    with tempfile.TemporaryDirectory() as workdir, cpu_shim(), emulated_mxfp8():
+        for order in orders:
+            for mode in modes:
+                out.append(_fit_once(order, mode, toy, train_steps, val_every, workdir))
+    return out
+
+
+def run_lightning_orders(
+    orders: list[str] | None = None,
+    modes: tuple[str, ...] = ("reference", "mxfp8", "plugin"),
+    toy: ToyConfig | None = None,
+    *,
+    train_steps: int = 9,
+    val_every: int = 3,
+    world_size: int = 2,
+) -> dict[tuple[str, str], list[LightningRun]]:
+    """Fit every (order, mode) on ``world_size`` fresh ranks, in one spawn; per-rank records."""
+    from .launcher import launch
+
+    chosen = [ORDERS[o] for o in (orders or list(ORDERS))]
+    per_rank = launch(_rank_body, world_size, chosen, list(modes), toy or ToyConfig(), train_steps, val_every)
+    result: dict[tuple[str, str], list[LightningRun]] = {}
+    for records in per_rank:
+        for rec in records:
+            result.setdefault((rec.order, rec.mode), []).append(rec)
+    return result
+
+
+def iter_runs(result: dict[tuple[str, str], list[LightningRun]]) -> Iterator[LightningRun]:
+    for runs in result.values():
+        yield from runs
