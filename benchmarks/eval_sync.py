@@ -94,7 +94,7 @@ def _peak_extra(fn: Any) -> int:
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     fn()
-    _sync()
+    torch.cuda.synchronize()  # not _sync(): a barrier allocates its own small tensor
     return int(torch.cuda.max_memory_allocated() - base)
 
 
@@ -290,14 +290,27 @@ def _host_time_per_param() -> dict[str, Any]:
         for g in engine._groups():
             g.param_gather_dispatched = False
 
+    from mbridge_mxfp8_plugin import SyncStats
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import EmulatedMXFP8Tensor
+
     with _plain_quantizer():
         t_refresh = _timeit(lambda: (engine.refresh_weights(), engine.restore_for_training()), reset)
-        t_written = _timeit(lambda: engine._write_back(engine._plan(), __import__("mbridge_mxfp8_plugin").SyncStats()))
+        t_written = _timeit(lambda: engine._write_back(engine._plan(), SyncStats()))
+    # The engine's own host cost: the write-back loop with the quantizer doing nothing at all.
+    orig = EmulatedMXFP8Tensor.quantize_
+    EmulatedMXFP8Tensor.quantize_ = lambda self, values: None  # type: ignore[method-assign,assignment]
+    try:
+        t_engine = _timeit(lambda: engine._write_back(engine._plan(), SyncStats()))
+    finally:
+        EmulatedMXFP8Tensor.quantize_ = orig  # type: ignore[method-assign]
+    t_stage = _timeit(engine.stage_main_params)
     t_restore = _timeit(engine.restore_for_training, reps=20)
     return {
         "params": n,
         "refresh_per_param_s": t_refresh / n,
         "write_back_per_param_s": t_written / n,
+        "engine_loop_per_param_s": t_engine / n,
+        "core_staging_per_param_s": t_stage / n,
         "restore_per_param_s": t_restore / n,
     }
 
@@ -365,6 +378,8 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             row["ratio_plugin_full_vs_native"] = size["plugin_full_s"] / nat["native_s"]
         row["ratio_plugin_vs_floor"] = size["plugin_prestaged_s"] / size["floor_s"]
         row["ratio_plugin_minus_quantize_vs_floor"] = (size["plugin_prestaged_s"] - size["quantize_s"]) / size["floor_s"]
+        row["plugin_onepass_quantizer_s"] = size["plugin_full_plainquant_s"]
+        row["ratio_plugin_onepass_quantizer_vs_floor"] = size["plugin_full_plainquant_s"] / size["floor_s"]
         rows.append(row)
     checks = []
     for row in rows:
@@ -372,8 +387,11 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             if "ratio_plugin_vs_native" in row:
                 checks.append((f"{row['size']} plugin/native <= 1.10", row["ratio_plugin_vs_native"] <= 1.10,
                                row["ratio_plugin_vs_native"]))
-            checks.append((f"{row['size']} plugin/floor <= 1.5", row["ratio_plugin_vs_floor"] <= 1.5,
+            checks.append((f"{row['size']} plugin/floor <= 1.5 (emulated quantizer)", row["ratio_plugin_vs_floor"] <= 1.5,
                            row["ratio_plugin_vs_floor"]))
+            checks.append((f"{row['size']} plugin/floor <= 1.5 (one-pass quantizer, as TE's cast kernel)",
+                           row["ratio_plugin_onepass_quantizer_vs_floor"] <= 1.5,
+                           row["ratio_plugin_onepass_quantizer_vs_floor"]))
         checks.append((f"{row['size']} prestaged all-gathers == bucket groups of native path",
                        "native_allgathers" not in row or row["plugin_prestaged_allgathers"] <= row["native_allgathers"],
                        row["plugin_prestaged_allgathers"]))
@@ -384,7 +402,9 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     host = (old or {}).get("host")
     if host:
         us = host["refresh_per_param_s"] * 1e6
-        checks.append(("host time per param <= 5 us", us <= 5.0, us))
+        checks.append(("host time per param <= 5 us (whole refresh, incl. core staging)", us <= 5.0, us))
+        us = host["engine_loop_per_param_s"] * 1e6
+        checks.append(("host time per param <= 5 us (plugin write-back loop)", us <= 5.0, us))
     return {"rows": rows, "host": host, "checks": [{"check": c, "pass": p, "value": v} for c, p, v in checks]}
 
 

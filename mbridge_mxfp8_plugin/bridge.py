@@ -104,24 +104,31 @@ class MXFP8ParamSyncCallback:
         self.history.append((event, stats))
 
     @staticmethod
-    def _forced_sync_expected(context: Any) -> bool:
-        """Will Bridge's loop force a param sync before the next train step? (train.py order)"""
+    def _forced_syncs_ahead(context: Any) -> set[str]:
+        """Forced param syncs Bridge's loop will issue before the next train step ("eval", "save",
+        "end"), predicted from the config the loop reads (train.py order: the step counter is
+        incremented after on_train_step_end, then eval, then checkpoint_and_decide_exit)."""
         state = getattr(context, "state", None)
         cfg = getattr(state, "cfg", None)
         train_state = getattr(state, "train_state", None)
         if cfg is None or train_state is None:
-            return False
-        nxt = int(train_state.step) + 1  # the loop increments after on_train_step_end
+            return set()
+        nxt = int(train_state.step) + 1
         train = cfg.train
-        eval_interval = getattr(train, "eval_interval", None)
+        ahead: set[str] = set()
+        # Bridge >= 0.4 reads the interval from cfg.validation, 0.3 from cfg.train.
+        validation = getattr(cfg, "validation", None)
+        eval_interval = getattr(validation, "eval_interval", None) or getattr(train, "eval_interval", None)
         if getattr(train_state, "do_valid", False) and eval_interval and nxt % eval_interval == 0:
-            return True
+            ahead.add("eval")
         ckpt = getattr(cfg, "checkpoint", None)
         save_interval = getattr(ckpt, "save_interval", None)
         if getattr(ckpt, "save", None) and save_interval and nxt % save_interval == 0:
-            return True
+            ahead.add("save")
         exit_interval = getattr(train, "exit_interval", None)
-        return bool(nxt >= int(getattr(train, "train_iters", 0) or 0) or (exit_interval and nxt % exit_interval == 0))
+        if nxt >= int(getattr(train, "train_iters", 0) or 0) or (exit_interval and nxt % exit_interval == 0):
+            ahead.add("end")
+        return ahead
 
     def _synced_by_framework(self, engine: ParamSyncEngine) -> bool:
         groups = engine._groups()
@@ -147,7 +154,14 @@ class MXFP8ParamSyncCallback:
         if engine is None or not engine.overlap:
             return
         engine.note_training_step()
-        if self.prestage and self._forced_sync_expected(context):
+        if not self.prestage:
+            return
+        ahead = self._forced_syncs_ahead(context)
+        if "save" in ahead and not engine.behaviour.forced_sync_writes_back:
+            # Core < 0.18 never writes a forced gather back and no callback fires before a save:
+            # write the weights now and leave the gathered buffer for the save's own gather.
+            self._record("on_train_step_end", engine.refresh_weights(keep_gathered=True))
+        elif ahead:
             self._staged_for_sync = engine.stage_main_params()
 
     def _before_eval(self, context: Any, event: str) -> None:

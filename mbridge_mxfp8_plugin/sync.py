@@ -251,7 +251,7 @@ class ParamSyncEngine:
             stats.staged = self.stage_main_params()
         return stats
 
-    def refresh_weights(self, *, gathered_fresh: bool = False) -> SyncStats:
+    def refresh_weights(self, *, gathered_fresh: bool = False, keep_gathered: bool = False) -> SyncStats:
         """Make ``param.data`` equal the current main params (rounded to the param dtype).
 
         ``gathered_fresh=True`` says a forced all-gather already ran over freshly staged main
@@ -259,6 +259,11 @@ class ParamSyncEngine:
         or the adapter staged ahead of it): then only the copy-back that core lacks is done and
         no collective is issued. Leaves every bucket group "synced" (dispatched, no handle), so
         forward pre-hooks that stay active during eval do not gather again.
+
+        ``keep_gathered=True`` leaves the gathered params in the shared buffer instead of zeroing
+        it: a forced all-gather the framework issues next (a checkpoint save on core < 0.18) then
+        gathers the same values again instead of zeros. The next step's ``zero_grad_buffer``
+        clears them before any gradient lands there.
         """
         stats = SyncStats()
         if not (self.active and self.overlap):
@@ -274,7 +279,7 @@ class ParamSyncEngine:
             stats.note = "weights already fresh"
         elif gathered_fresh:
             if not self.behaviour.forced_sync_writes_back:
-                self._write_back(plans, stats)
+                self._write_back(plans, stats, zero=not keep_gathered)
             stats.note = "reused the forced gather"
         else:
             self._wait_in_flight()
@@ -283,12 +288,12 @@ class ParamSyncEngine:
                 plan.group.start_param_sync(force_sync=True)
                 stats.all_gathers += 1
             if not self.behaviour.forced_sync_writes_back:
-                self._write_back(plans, stats)
+                self._write_back(plans, stats, zero=not keep_gathered)
         self.weights_fresh = True
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    def _write_back(self, plans: list[_GroupPlan], stats: SyncStats) -> None:
+    def _write_back(self, plans: list[_GroupPlan], stats: SyncStats, *, zero: bool = True) -> None:
         from megatron.core import fp8_utils
 
         # megatron-core <= 0.15 has no post-all-gather step (added in 0.16), and nothing to run.
@@ -303,7 +308,7 @@ class ParamSyncEngine:
                     stats.params_written += len(bp.copies) + len(bp.plain_dst)
                     if bp.mapped_quantized and post_all_gather_processing is not None:
                         post_all_gather_processing(bp.mapped_quantized)
-                    if bp.shared_with_grads:
+                    if bp.shared_with_grads and zero:
                         # The gathered bf16 values would otherwise be read as gradients.
                         bp.bucket.param_data.zero_()
                         stats.buckets_zeroed += 1
