@@ -1,0 +1,100 @@
+"""``mxfp8-plugin check RECIPE.yaml [dotted.key=value ...] [--dp-size N] [--json]``.
+
+Meant for a login node or CI, before a job is queued: needs neither GPUs nor Transformer
+Engine nor an importable Megatron-Bridge. Exit codes: 0 no errors (warnings allowed unless
+``--fail-on-warning``), 1 the config has errors, 2 the input could not be read. Never a
+traceback for bad input: every message names the file or knob and says what was expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from typing import Any, TextIO
+
+__all__ = ["add_check_parser", "run_check"]
+
+EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE = 0, 1, 2
+
+
+def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "check",
+        help="validate a recipe YAML for MXFP8 param gather (exit 0 ok, 1 errors, 2 unreadable)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("recipe", help="recipe YAML (Megatron-Bridge override format + mxfp8_plugin section)")
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra-style overrides: dotted.key=value, +key=value, ~key"
+    )
+    parser.add_argument("--dp-size", type=int, default=None, help="data-parallel size, for the padding rule")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--fail-on-warning", action="store_true", help="exit 1 on warnings too (for CI)")
+    parser.set_defaults(func=_cmd_check)
+    return parser
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    return run_check(
+        args.recipe,
+        args.overrides,
+        dp_size=args.dp_size,
+        as_json=args.json,
+        fail_on_warning=args.fail_on_warning,
+    )
+
+
+def run_check(
+    recipe: str,
+    overrides: list[str] | None = None,
+    *,
+    dp_size: int | None = None,
+    as_json: bool = False,
+    fail_on_warning: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    installed: Any = None,
+) -> int:
+    """The command's body, callable from tests; returns the exit code."""
+    from .errors import MXFP8PluginError
+    from .recipes import RecipeError, read_recipe
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        data = read_recipe(recipe, overrides or ())
+    except RecipeError as exc:
+        _emit_unreadable(str(exc), as_json, out, err)
+        return EXIT_UNREADABLE
+    if dp_size is not None and dp_size < 1:
+        _emit_unreadable(f"--dp-size must be >= 1, got {dp_size}", as_json, out, err)
+        return EXIT_UNREADABLE
+    from .validate import validate_config
+
+    try:
+        with warnings.catch_warnings():  # megatron-core warns about missing TE/Apex at import
+            warnings.simplefilter("ignore")
+            report = validate_config(data, dp_size=dp_size, strict=False, installed=installed)
+    except MXFP8PluginError as exc:  # pragma: no cover - read_config raises only for programming errors
+        _emit_unreadable(str(exc), as_json, out, err)
+        return EXIT_UNREADABLE
+    if as_json:
+        payload = report.as_dict()
+        payload["recipe"] = recipe
+        out.write(json.dumps(payload, indent=2) + "\n")
+    else:
+        out.write(f"mxfp8-plugin check {recipe}" + (f" {' '.join(overrides)}" if overrides else "") + "\n\n")
+        out.write(report.format_table() + "\n")
+    failed = report.errors + (report.warnings if fail_on_warning else [])
+    if failed and not as_json:
+        err.write(f"{recipe}: {len(failed)} problem(s); first: {failed[0].line()}\n")
+    return EXIT_ERRORS if failed else EXIT_OK
+
+
+def _emit_unreadable(message: str, as_json: bool, out: TextIO, err: TextIO) -> None:
+    if as_json:
+        out.write(json.dumps({"ok": False, "unreadable": message}) + "\n")
+    err.write(f"error: {message}\n")

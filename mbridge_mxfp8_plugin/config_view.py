@@ -1,0 +1,389 @@
+"""One view over the three shapes a training config arrives in, with Bridge's precedence applied.
+
+The rules in :mod:`.validate` must give the same verdict whether the knobs come from a recipe
+YAML, a live Megatron-Bridge ``ConfigContainer`` or megatron-core's own dataclasses. What differs
+is *who wins* when the same knob sits in several places, and *what is known*:
+
+* ``recipe`` (a YAML mapping merged onto some base recipe): only the keys written are known;
+  anything else comes from a base config we cannot see, so it is "unknown", never a default.
+* ``bridge`` (a ``ConfigContainer``): every value is known. ``mixed_precision`` is copied onto
+  the ddp / optimizer / model sections by ``runtime_config_update`` and therefore wins.
+* ``mcore`` (``DistributedDataParallelConfig`` + ``OptimizerConfig`` [+ model config]): every
+  value is known and nothing syncs the ddp and optimizer copies of a knob.
+
+Reading never constructs a megatron-core config, so ``__post_init__`` asserts cannot fire here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from ._schema import (
+    COMM_OVERLAP_KNOBS,
+    CONFIG_SECTIONS,
+    DIST_KNOBS,
+    MIXED_PRECISION_FIELDS,
+    MIXED_PRECISION_RECIPES,
+    MODEL_KNOBS,
+    PLUGIN_FIELDS,
+    PLUGIN_SECTION,
+    closest,
+    core_default,
+    core_fields,
+    example_value,
+    normalize_recipe_name,
+    suggest,
+    type_problem,
+)
+
+__all__ = ["UNKNOWN", "ConfigView", "InputIssue", "Val", "read_config"]
+
+Kind = Literal["recipe", "bridge", "mcore"]
+
+
+class _Unknown:
+    """A value the config does not determine (it comes from a base recipe we cannot see)."""
+
+    def __repr__(self) -> str:
+        return "<not set>"
+
+    def __bool__(self) -> bool:
+        raise TypeError("UNKNOWN has no truth value; test `is UNKNOWN` first")
+
+
+UNKNOWN: Any = _Unknown()
+
+#: Knobs read from ddp / optimizer (all are megatron-core dataclass fields).
+DDP_KNOBS = (
+    "use_distributed_optimizer",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "align_param_gather",
+    "fp8_param_gather",
+    "reuse_grad_buf_for_mxfp8_param_ag",
+    "grad_reduce_in_fp32",
+    "bucket_size",
+    "pad_buckets_for_high_nccl_busbw",
+    "num_distributed_optimizer_instances",
+    "use_megatron_fsdp",
+)
+OPT_KNOBS = (
+    "use_distributed_optimizer",
+    "overlap_param_gather",
+    "overlap_param_gather_with_optimizer_step",
+    "reuse_grad_buf_for_mxfp8_param_ag",
+    "fp8_recipe",
+)
+
+
+@dataclass(frozen=True)
+class Val:
+    """A knob's value and the dotted path it was read from (what messages point the user at)."""
+
+    value: Any
+    path: str
+
+    @property
+    def known(self) -> bool:
+        return self.value is not UNKNOWN
+
+
+@dataclass(frozen=True)
+class InputIssue:
+    """A problem with the input itself: unknown key, wrong type, unknown recipe name."""
+
+    rule: str
+    knob: str
+    value: Any
+    message: str
+    fix: Any = None
+
+
+@dataclass
+class ConfigView:
+    kind: Kind
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ``mixed_precision`` as written: a recipe name, the field values, or absent/None.
+    mp_name: str | None = None
+    mp_values: dict[str, Any] | None = None
+    #: ``mixed_precision`` appears in the input (even as null, which replaces the base recipe's).
+    mp_stated: bool = False
+    plugin: dict[str, Any] = field(default_factory=dict)
+    plugin_stated: bool = False
+    data_parallel_size: int | None = None
+    issues: list[InputIssue] = field(default_factory=list)
+
+    @property
+    def invalid_paths(self) -> set[str]:
+        """Knobs that were written but rejected (wrong type, unknown): not "unset"."""
+        return {i.knob for i in self.issues}
+
+    @property
+    def mp_present(self) -> bool:
+        return self.mp_values is not None
+
+    def raw(self, section: str, knob: str) -> Val:
+        """The value written in ``section`` (UNKNOWN if not written / not readable)."""
+        return Val(self.sections.get(section, {}).get(knob, UNKNOWN), f"{section}.{knob}")
+
+    def mp(self, knob: str) -> Val:
+        if self.mp_values is None:
+            return Val(UNKNOWN, f"mixed_precision.{knob}")
+        path = f"mixed_precision={self.mp_name}" if self.mp_name else f"mixed_precision.{knob}"
+        return Val(self.mp_values.get(knob, UNKNOWN), path)
+
+
+# --------------------------------------------------------------------------- readers
+def _issue_type(view: ConfigView, path: str, value: Any, expected: str, annotation: Any = None) -> None:
+    *parents, leaf = path.split(".")
+    example = "{...}" if annotation is None else example_value(annotation)
+    fix = (
+        "\n".join(f"{'  ' * i}{p}:" for i, p in enumerate(parents))
+        + f"\n{'  ' * len(parents)}{leaf}: {example}"
+    )
+    view.issues.append(
+        InputIssue(
+            "MX102",
+            path,
+            value,
+            f"{path} must be {expected}, got {value!r} ({type(value).__name__})",
+            fix.lstrip("\n"),
+        )
+    )
+
+
+def _check_value(view: ConfigView, section: str, key: str, value: Any, annotation: Any) -> bool:
+    problem = type_problem(value, annotation)
+    if problem is not None:
+        _issue_type(view, f"{section}.{key}", value, problem, annotation)
+        return False
+    return True
+
+
+def _unknown_fix(section: str | None, key: str, choices: Iterable[object], value: Any) -> str:
+    near = closest(key, choices)
+    where = f"{section}.{key}" if section else key
+    if near is None:
+        return f"# remove {where}"
+    if section is None:
+        return f"# rename section {key}: to {near}:"
+    literal = (
+        "..."
+        if isinstance(value, (dict, list))
+        else yaml.safe_dump(value).strip().removesuffix("...").strip()
+    )
+    return f"{section}:\n  {near}: {literal}  # was {key}"
+
+
+def _read_mapping_section(
+    view: ConfigView, name: str, data: Any, schema: Mapping[str, Any] | None, knobs: Mapping[str, Any] | None
+) -> None:
+    """Keep the section's values; check keys against ``schema`` and types of ``schema``/``knobs``."""
+    if data is None:
+        view.sections[name] = {}
+        return
+    if not isinstance(data, Mapping):
+        _issue_type(view, name, data, "a mapping of knobs")
+        return
+    kept: dict[str, Any] = {}
+    for key, value in data.items():
+        key = str(key)
+        if schema is not None and key not in schema:
+            view.issues.append(
+                InputIssue(
+                    "MX101",
+                    f"{name}.{key}",
+                    value,
+                    f"{name}.{key} is not a field of {name} in the installed release{suggest(key, schema)}; "
+                    "Megatron-Bridge would skip it with only a log warning",
+                    _unknown_fix(name, key, schema, value),
+                )
+            )
+            continue
+        annotation = schema.get(key) if schema is not None else None
+        if annotation is None and knobs is not None:
+            annotation = knobs.get(key)
+        if annotation is not None and not _check_value(view, name, key, value, annotation):
+            continue
+        kept[key] = value
+    view.sections[name] = kept
+
+
+def _read_mixed_precision(view: ConfigView, value: Any, *, from_object: bool) -> None:
+    if value is None:
+        return
+    if isinstance(value, str):
+        name = normalize_recipe_name(value)
+        if name not in MIXED_PRECISION_RECIPES:
+            valid = ", ".join(sorted(MIXED_PRECISION_RECIPES))
+            view.issues.append(
+                InputIssue(
+                    "MX103",
+                    "mixed_precision",
+                    value,
+                    f"mixed_precision={value!r} is not a Megatron-Bridge mixed-precision recipe"
+                    f"{suggest(name, MIXED_PRECISION_RECIPES)}; known: {valid}",
+                    {"mixed_precision": "bf16_with_mxfp8_mixed"},
+                )
+            )
+            return
+        view.mp_name = name
+        view.mp_values = dict(MIXED_PRECISION_RECIPES[name])
+        return
+    if isinstance(value, Mapping):
+        _read_mapping_section(view, "mixed_precision", value, MIXED_PRECISION_FIELDS, None)
+        view.mp_values = dict(view.sections.pop("mixed_precision", {}))
+        return
+    if from_object and dataclasses.is_dataclass(value):
+        values: dict[str, Any] = {}
+        for knob, annotation in MIXED_PRECISION_FIELDS.items():
+            if hasattr(value, knob):
+                v = getattr(value, knob)
+                if _check_value(view, "mixed_precision", knob, v, annotation):
+                    values[knob] = v
+        view.mp_values = values
+        return
+    _issue_type(view, "mixed_precision", value, "a recipe name such as 'bf16_with_mxfp8_mixed' or a mapping")
+
+
+def _read_plugin(view: ConfigView, data: Any) -> None:
+    view.plugin = {k: default for k, (_, default, _) in PLUGIN_FIELDS.items()}
+    if data is None:
+        return
+    if not isinstance(data, Mapping):
+        _issue_type(view, PLUGIN_SECTION, data, "a mapping of plugin options")
+        return
+    view.plugin_stated = True
+    schema = {k: t for k, (t, _, _) in PLUGIN_FIELDS.items()}
+    _read_mapping_section(view, PLUGIN_SECTION, data, schema, None)
+    view.plugin.update(view.sections.pop(PLUGIN_SECTION, {}))
+
+
+def _read_recipe(data: Mapping[str, Any], plugin: Any) -> ConfigView:
+    view = ConfigView(kind="recipe")
+    for key in data:
+        if str(key) not in CONFIG_SECTIONS and key != PLUGIN_SECTION:
+            view.issues.append(
+                InputIssue(
+                    "MX101",
+                    str(key),
+                    "<section>",
+                    f"{key!s} is not a section of Megatron-Bridge's ConfigContainer"
+                    f"{suggest(str(key), CONFIG_SECTIONS | {PLUGIN_SECTION})}; Bridge would ignore it",
+                    _unknown_fix(None, str(key), CONFIG_SECTIONS | {PLUGIN_SECTION}, None),
+                )
+            )
+    _read_mapping_section(view, "ddp", data.get("ddp"), core_fields("ddp"), dict.fromkeys(DDP_KNOBS))
+    _read_mapping_section(view, "optimizer", data.get("optimizer"), core_fields("optimizer"), None)
+    _read_mapping_section(view, "model", data.get("model"), None, MODEL_KNOBS)
+    _read_mapping_section(view, "dist", data.get("dist"), None, DIST_KNOBS)
+    if "comm_overlap" in data:
+        _read_mapping_section(view, "comm_overlap", data.get("comm_overlap"), None, COMM_OVERLAP_KNOBS)
+    if "mixed_precision" in data:
+        view.mp_stated = True
+        _read_mixed_precision(view, data["mixed_precision"], from_object=False)
+    _read_plugin(view, data.get(PLUGIN_SECTION) if plugin is None else plugin)
+    dp = view.plugin.get("dp_size")
+    view.data_parallel_size = dp if isinstance(dp, int) else None
+    return view
+
+
+def _read_object(view: ConfigView, name: str, obj: Any, knobs: Mapping[str, Any] | tuple[str, ...]) -> None:
+    if obj is None:
+        view.sections[name] = {}
+        return
+    types = core_fields(name) or {}
+    kept: dict[str, Any] = {}
+    for knob in knobs:
+        if not hasattr(obj, knob):
+            if name in ("ddp", "optimizer"):
+                kept[knob] = core_default(name, knob)  # an older core without the knob: its default
+            continue
+        value = getattr(obj, knob)
+        annotation = knobs[knob] if isinstance(knobs, Mapping) else types.get(knob)
+        if annotation is None or _check_value(view, name, knob, value, annotation):
+            kept[knob] = value
+    view.sections[name] = kept
+
+
+def _plugin_from_option(view: ConfigView, plugin: Any) -> None:
+    if plugin is None:
+        _read_plugin(view, None)
+    elif isinstance(plugin, Mapping):
+        _read_plugin(view, plugin)
+    elif dataclasses.is_dataclass(plugin):
+        _read_plugin(view, {f.name: getattr(plugin, f.name) for f in dataclasses.fields(plugin)})
+    else:
+        _read_plugin(view, None)
+        _issue_type(view, PLUGIN_SECTION, plugin, "a mapping or PluginOptions")
+
+
+def read_config(
+    cfg: Any, *, ddp: Any = None, optimizer: Any = None, model: Any = None, plugin: Any = None
+) -> ConfigView:
+    """Classify ``cfg`` and read the knobs the rules need. See the module docstring for kinds."""
+    from .errors import MXFP8UsageError
+
+    objects = [o for o in (ddp, optimizer, model) if o is not None]
+    if cfg is not None and objects:
+        raise MXFP8UsageError("pass either cfg or ddp=/optimizer=/model=, not both")
+    if isinstance(cfg, Mapping):
+        return _read_recipe(cfg, plugin)
+    if (
+        cfg is not None
+        and not isinstance(cfg, (tuple, list))
+        and hasattr(cfg, "ddp")
+        and hasattr(cfg, "optimizer")
+    ):
+        view = ConfigView(kind="bridge")
+        _read_object(view, "ddp", cfg.ddp, DDP_KNOBS)
+        _read_object(view, "optimizer", cfg.optimizer, OPT_KNOBS)
+        _read_object(view, "model", getattr(cfg, "model", None), MODEL_KNOBS)
+        _read_object(view, "dist", getattr(cfg, "dist", None), DIST_KNOBS)
+        if getattr(cfg, "comm_overlap", None) is not None:
+            _read_object(view, "comm_overlap", cfg.comm_overlap, COMM_OVERLAP_KNOBS)
+        _read_mixed_precision(view, getattr(cfg, "mixed_precision", None), from_object=True)
+        _plugin_from_option(view, plugin)
+        dp = view.plugin.get("dp_size") or getattr(cfg, "data_parallel_size", None)
+        view.data_parallel_size = dp if isinstance(dp, int) and not isinstance(dp, bool) else None
+        return view
+    if isinstance(cfg, (tuple, list)):
+        objects = list(cfg)
+    elif cfg is not None:
+        objects = [cfg]
+    view = ConfigView(kind="mcore")
+    slots: dict[str, Any] = {}
+    for obj in objects:
+        slot = _classify_core_object(obj)
+        if slot is None or slot in slots:
+            what = "a second " + slot if slot else type(obj).__name__
+            raise MXFP8UsageError(
+                f"validate_config got {what}; expected a ConfigContainer, a recipe mapping, or "
+                "megatron-core's "
+                "DistributedDataParallelConfig + OptimizerConfig (+ TransformerConfig)"
+            )
+        slots[slot] = obj
+    if "ddp" not in slots:
+        raise MXFP8UsageError("validate_config needs megatron-core's DistributedDataParallelConfig (ddp=...)")
+    _read_object(view, "ddp", slots["ddp"], DDP_KNOBS)
+    _read_object(view, "optimizer", slots.get("optimizer"), OPT_KNOBS if "optimizer" in slots else ())
+    _read_object(view, "model", slots.get("model"), MODEL_KNOBS)
+    _plugin_from_option(view, plugin)
+    dp = view.plugin.get("dp_size")
+    view.data_parallel_size = dp if isinstance(dp, int) and not isinstance(dp, bool) else None
+    return view
+
+
+def _classify_core_object(obj: Any) -> str | None:
+    if hasattr(obj, "overlap_grad_reduce") and hasattr(obj, "bucket_size"):
+        return "ddp"
+    if hasattr(obj, "clip_grad") and hasattr(obj, "lr"):
+        return "optimizer"
+    if hasattr(obj, "hidden_size") and hasattr(obj, "tensor_model_parallel_size"):
+        return "model"
+    return None

@@ -1,0 +1,142 @@
+"""``mxfp8-plugin check``: exit codes, one clear line per bad input, never a traceback."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from _mx_cases import CASES, DEFECTIVE, RECIPES, ROOT, TINY, Case
+
+from mbridge_mxfp8_plugin.check import run_check
+from mbridge_mxfp8_plugin.cli import build_parser
+
+
+def _run(recipe, overrides=(), **kw):
+    out, err = io.StringIO(), io.StringIO()
+    kw.setdefault("installed", DEFECTIVE)
+    code = run_check(str(recipe), list(overrides), out=out, err=err, **kw)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_VCS_VERSION": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "check", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_check_is_wired_into_the_console_script():
+    args = build_parser().parse_args(["check", "r.yaml", "ddp.x=1", "--dp-size", "8", "--json"])
+    assert (args.recipe, args.overrides, args.dp_size, args.json) == ("r.yaml", ["ddp.x=1"], 8, True)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_shipped_recipes_pass(recipe):
+    code, out, err = _run(recipe, dp_size=8, fail_on_warning=True)
+    assert code == 0, out + err
+    for rule in ("MX001", "MX009", "MX101"):
+        assert rule in out
+    assert "0 error(s), 0 warning(s)" in out and err == ""
+
+
+def test_shipped_recipe_through_the_real_console_script():
+    """Real installed stack, real process: exit 0, the table, no traceback."""
+    proc = _cli(str(RECIPES[0].relative_to(ROOT)), "--dp-size", "64")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MX008  pass" in proc.stdout and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_each_rule_fails_the_cli(case: Case):
+    code, out, err = _run(
+        TINY,
+        case.overrides,
+        dp_size=case.dp_size,
+        installed=case.installed,
+        fail_on_warning=case.severity == "warning",
+    )
+    assert code == 1, out
+    line = f"{case.severity} {case.rule} "
+    assert any(line in x and case.knob in x for x in out.splitlines()), out
+    assert err.count("\n") == 1 and case.rule in err  # one summary line on stderr
+    if case.severity == "warning":  # warnings alone do not fail a plain check
+        assert _run(TINY, case.overrides, dp_size=case.dp_size, installed=case.installed)[0] == 0
+
+
+def test_json_output(tmp_path):
+    code, out, _ = _run(TINY, ["ddp.overlap_grad_reduce=false"], as_json=True)
+    data = json.loads(out)
+    assert code == 1 and data["ok"] is False and data["recipe"] == str(TINY)
+    assert {r["id"]: r["status"] for r in data["rules"]}["MX006"] == "fail"
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- a\n")
+    code, out, _ = _run(bad, as_json=True)
+    assert code == 2 and "a list" in json.loads(out)["unreadable"]
+
+
+MALFORMED = {
+    "empty": ("", 2, "the recipe is empty"),
+    "list": ("- ddp\n- optimizer\n", 2, "the recipe is a list"),
+    "scalar": ("42\n", 2, "the recipe is a int"),
+    "invalid-yaml": ("ddp: [\n", 2, "invalid YAML at line 2"),
+    "tab-indent": ("ddp:\n\tx: 1\n", 2, "invalid YAML"),
+    "non-boolean": (
+        "ddp:\n  overlap_param_gather: 'true'\n",
+        1,
+        "ddp.overlap_param_gather must be a boolean",
+    ),
+    "int-as-boolean": ("ddp:\n  use_distributed_optimizer: 1\n", 1, "must be a boolean (true/false), got 1"),
+    "section-not-mapping": ("ddp: true\n", 1, "ddp must be a mapping of knobs"),
+    "unknown-section": ("dpp:\n  overlap_param_gather: true\n", 1, "dpp is not a section"),
+    "unknown-key": ("ddp:\n  overlap_param_gathr: true\n", 1, "did you mean 'overlap_param_gather'"),
+    "unknown-mixed-precision": (
+        "mixed_precision: bf16_mxfp8\n",
+        1,
+        "not a Megatron-Bridge mixed-precision recipe",
+    ),
+    "plugin-not-mapping": ("mxfp8_plugin: true\n", 1, "mxfp8_plugin must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_malformed_input_gives_one_clear_line(tmp_path, name):
+    text, want_code, want_msg = MALFORMED[name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    code, out, err = _run(path)
+    assert code == want_code, out + err
+    assert "Traceback" not in out + err
+    assert err.count("\n") == 1 and want_msg in err, err
+
+
+def test_missing_file_and_bad_override():
+    code, out, err = _run("does/not/exist.yaml")
+    assert code == 2 and err == "error: does/not/exist.yaml: no such recipe file\n"
+    code, out, err = _run(TINY, ["mixed_precision.fp8=e4m3"])
+    assert code == 2 and "mixed_precision is 'bf16_with_mxfp8_mixed', not a section" in err
+    assert _run(TINY, dp_size=0)[0] == 2
+
+
+def test_malformed_input_through_the_real_console_script(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n")
+    proc = _cli(str(path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {path}: the recipe is a list; expected a mapping of "
+        "ConfigContainer sections (ddp:, optimizer:, ...)"
+    ]
+    bad = tmp_path / "bool.yaml"
+    bad.write_text("ddp:\n  overlap_param_gather: 'yes'\n")
+    proc = _cli(str(bad))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "MX102 ddp.overlap_param_gather" in proc.stderr

@@ -1,0 +1,256 @@
+"""recipes.py: loading, overrides, applying onto a ConfigContainer the way Bridge does, callbacks;
+and the hard-coded Bridge facts in _schema.py checked against the installed Bridge wheel."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _mx_cases import DEFECTIVE, RECIPES, TINY
+
+from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
+from mbridge_mxfp8_plugin._schema import (
+    CONFIG_SECTIONS,
+    MIXED_PRECISION_FIELDS,
+    MIXED_PRECISION_RECIPES,
+    PLUGIN_SECTION,
+)
+from mbridge_mxfp8_plugin.errors import MXFP8ConfigError
+from mbridge_mxfp8_plugin.recipes import (
+    PluginOptions,
+    RecipeError,
+    apply_recipe,
+    callbacks_from_recipe,
+    load_recipe,
+    parse_override,
+    read_recipe,
+)
+
+
+def test_load_recipe_strips_the_plugin_section():
+    bridge, options = load_recipe(TINY)
+    assert PLUGIN_SECTION not in bridge
+    assert bridge["mixed_precision"] == "bf16_with_mxfp8_mixed"
+    assert options == PluginOptions(dp_size=2)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_loads_and_states_the_mxfp8_knobs(recipe):
+    bridge, options = load_recipe(recipe)
+    assert options.enabled and options.strict and options.repair_alignment
+    assert bridge["mixed_precision"] == "bf16_with_mxfp8_mixed"
+    for section in ("ddp", "optimizer"):
+        assert bridge[section]["use_distributed_optimizer"] is True
+        assert bridge[section]["overlap_param_gather"] is True
+        assert bridge[section]["reuse_grad_buf_for_mxfp8_param_ag"] is True
+    assert bridge["ddp"]["overlap_grad_reduce"] is True
+
+
+def test_overrides_follow_hydra_syntax():
+    assert parse_override("ddp.bucket_size=1000") == ("set", ["ddp", "bucket_size"], 1000)
+    assert parse_override("+model.fp8_recipe=mxfp8") == ("add", ["model", "fp8_recipe"], "mxfp8")
+    assert parse_override("~ddp.bucket_size") == ("delete", ["ddp", "bucket_size"], None)
+    assert parse_override("mixed_precision=null")[2] is None
+    assert parse_override("a.b='true'")[2] == "true"  # quoted stays a string (and MX102 catches it)
+    data = read_recipe(TINY, ["ddp.bucket_size=1000", "~optimizer.lr", "+dist.use_megatron_fsdp=false"])
+    assert data["ddp"]["bucket_size"] == 1000 and "lr" not in data["optimizer"]
+    assert data["dist"] == {"use_megatron_fsdp": False}
+    assert read_recipe(TINY)["ddp"]["bucket_size"] is None, "overrides must not leak into the file's data"
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("ddp.bucket_size", "not of the form"),
+        ("ddp..x=1", "empty key"),
+        ("mixed_precision.fp8=e4m3", "not a section"),
+        ("ddp.x=[1,", "not valid YAML"),
+    ],
+)
+def test_bad_overrides_are_recipe_errors(override, match):
+    with pytest.raises(RecipeError, match=match):
+        read_recipe(TINY, [override])
+
+
+def test_interpolation_needs_omegaconf(tmp_path):
+    if importlib.util.find_spec("omegaconf") is not None:
+        pytest.skip("omegaconf installed: interpolation is resolved, not refused")
+    path = tmp_path / "r.yaml"
+    path.write_text("train:\n  eval_interval: 3\ncheckpoint:\n  save_interval: ${train.eval_interval}\n")
+    with pytest.raises(RecipeError, match="pip install omegaconf"):
+        read_recipe(path)
+
+
+def test_plugin_options_are_strict():
+    with pytest.raises(MXFP8ConfigError, match="prestge.*did you mean 'prestage'"):
+        PluginOptions.from_mapping({"prestge": False})
+    with pytest.raises(MXFP8ConfigError, match="enabled must be a boolean"):
+        PluginOptions.from_mapping({"enabled": "false"})
+
+
+def test_callbacks_from_recipe():
+    (cb,) = callbacks_from_recipe(TINY, ["mxfp8_plugin.prestage=false"])
+    assert isinstance(cb, MXFP8ParamSyncCallback)
+    assert (cb.prestage, cb.repair_alignment, cb.refresh_at_train_end) == (False, True, True)
+    assert callbacks_from_recipe(PluginOptions(enabled=False)) == []
+
+
+def test_tiny_recipe_matches_the_cpu_demo_toy():
+    from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig
+
+    bridge, options = load_recipe(TINY)
+    toy, sched = ToyConfig(), LoopSchedule()
+    ddp, opt = bridge["ddp"], bridge["optimizer"]
+    assert (ddp["overlap_param_gather"], ddp["overlap_grad_reduce"]) == (
+        toy.overlap_param_gather,
+        toy.overlap_grad_reduce,
+    )
+    assert (ddp["grad_reduce_in_fp32"], ddp["align_param_gather"]) == (
+        toy.grad_reduce_in_fp32,
+        toy.align_param_gather,
+    )
+    assert ddp["bucket_size"] == toy.bucket_size and opt["lr"] == toy.lr
+    assert (
+        bridge["model"]["hidden_size"] == toy.dims[1]
+        and bridge["train"]["micro_batch_size"] == toy.micro_batch_size
+    )
+    t = bridge["train"]
+    assert (t["train_iters"], t["eval_interval"], t["eval_iters"]) == (
+        sched.train_iters,
+        sched.eval_interval,
+        sched.eval_iters,
+    )
+    assert options.dp_size == 2  # the demo's world size
+
+
+# --------------------------------------------------------------------------- apply onto a container
+@dataclasses.dataclass
+class _Model:
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 2
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    seq_length: int = 128
+    params_dtype: torch.dtype = torch.float32
+
+
+@dataclasses.dataclass
+class _Train:
+    train_iters: int = 1
+    eval_interval: int = 1
+    eval_iters: int = 1
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+
+
+def _container() -> Any:
+    """A ConfigContainer stand-in: Bridge's shape (nested dataclasses, mixed_precision a name),
+    with real megatron-core ddp/optimizer configs - Bridge itself cannot be imported here."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ddp_cfg, opt_cfg = DistributedDataParallelConfig(), OptimizerConfig(lr=1.0)
+
+    @dataclasses.dataclass
+    class Container:
+        model: _Model = dataclasses.field(default_factory=_Model)
+        train: _Train = dataclasses.field(default_factory=_Train)
+        ddp: Any = dataclasses.field(default_factory=lambda: ddp_cfg)
+        optimizer: Any = dataclasses.field(default_factory=lambda: opt_cfg)
+        mixed_precision: Any = "bf16_mixed"
+        data_parallel_size: int | None = None
+
+    return Container()
+
+
+def test_apply_recipe_merges_like_bridge_and_validates():
+    cfg = _container()
+    options = apply_recipe(cfg, TINY, ["+model.params_dtype=torch.bfloat16"], installed=DEFECTIVE)
+    assert options == PluginOptions(dp_size=2)
+    assert cfg.mixed_precision == "bf16_with_mxfp8_mixed"
+    assert cfg.ddp.overlap_param_gather and cfg.ddp.reuse_grad_buf_for_mxfp8_param_ag
+    assert cfg.optimizer.lr == 0.03 and cfg.optimizer.overlap_param_gather
+    assert cfg.model.hidden_size == 45 and cfg.model.params_dtype is torch.bfloat16  # dtype name converted
+    assert cfg.train.eval_interval == 3
+
+
+def test_apply_recipe_refuses_before_touching_the_container():
+    cfg = _container()
+    with pytest.raises(MXFP8ConfigError, match="MX101 ddp.overlap_param_gathr"):
+        apply_recipe(cfg, TINY, ["+ddp.overlap_param_gathr=true"], installed=DEFECTIVE)
+    assert cfg.mixed_precision == "bf16_mixed" and not cfg.ddp.overlap_param_gather
+
+
+def test_apply_recipe_strict_and_lenient():
+    with pytest.raises(MXFP8ConfigError, match="MX006 ddp.overlap_grad_reduce"):
+        apply_recipe(_container(), TINY, ["ddp.overlap_grad_reduce=false"], installed=DEFECTIVE)
+    cfg = _container()
+    opts = apply_recipe(
+        cfg, TINY, ["ddp.overlap_grad_reduce=false", "mxfp8_plugin.strict=false"], installed=DEFECTIVE
+    )
+    assert not opts.strict and cfg.ddp.overlap_grad_reduce is False  # logged, not raised
+
+
+def test_apply_recipe_unknown_container_key_and_mapping_into_a_name(tmp_path):
+    with pytest.raises(MXFP8ConfigError, match="keys not found in the config container: model.seq_lenght"):
+        apply_recipe(_container(), TINY, ["+model.seq_lenght=4"], installed=DEFECTIVE)
+    path = tmp_path / "mp.yaml"
+    path.write_text("mixed_precision:\n  fp8_recipe: mxfp8\n")
+    with pytest.raises(MXFP8ConfigError, match="a name, not a section"):
+        apply_recipe(_container(), path, installed=DEFECTIVE)
+
+
+# --------------------------------------------------------------------------- _schema vs the installed Bridge
+def _bridge_source(relative: str) -> ast.Module:
+    from mbridge_mxfp8_plugin.testing.bridge_loop import find_bridge_file
+
+    try:
+        path: Path = find_bridge_file(relative)
+    except FileNotFoundError:
+        pytest.skip("megatron-bridge wheel not installed")
+    return ast.parse(path.read_text())
+
+
+def _class_fields(tree: ast.Module, name: str) -> set[str]:
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    return {s.target.id for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+
+
+def test_schema_knows_the_installed_bridge():
+    mp = _bridge_source("training/mixed_precision.py")
+    registered = {
+        n.name
+        for n in mp.body
+        if isinstance(n, ast.FunctionDef)
+        and any(getattr(d, "id", None) == "register" for d in n.decorator_list)
+    }
+    assert registered <= set(MIXED_PRECISION_RECIPES)
+    assert _class_fields(mp, "MixedPrecisionConfig") <= set(MIXED_PRECISION_FIELDS)
+    container = _class_fields(_bridge_source("training/config.py"), "ConfigContainer")
+    assert {f for f in container if not f.startswith("_")} <= CONFIG_SECTIONS
+
+
+def test_schema_mxfp8_recipe_values_match_bridge():
+    """The knob values we assume for each recipe, against the assignments in Bridge's source."""
+    mp = _bridge_source("training/mixed_precision.py")
+    funcs = {n.name: n for n in mp.body if isinstance(n, ast.FunctionDef)}
+    for name in ("bf16_with_mxfp8_mixed", "fp16_with_mxfp8_mixed", "bf16_with_fp8_subchannel_scaling_mixed"):
+        assigned = {
+            s.targets[0].attr: ast.literal_eval(s.value)
+            for s in funcs[name].body
+            if isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Attribute)
+        }
+        for knob, value in assigned.items():
+            if knob in MIXED_PRECISION_RECIPES[name]:
+                assert MIXED_PRECISION_RECIPES[name][knob] == value, (name, knob)
