@@ -29,7 +29,8 @@ from typing import Any
 from ._log import log_rank_zero
 from .buckets import is_megatron_ddp
 from .errors import MXFP8UsageError
-from .sync import ParamSyncEngine, SyncStats, reuse_mode_active
+from .sync import ParamSyncEngine, SyncStats, distributed_optimizers, reuse_mode_active
+from .upstream import probe_live_bridge_loop
 
 __all__ = ["MXFP8ParamSyncCallback"]
 
@@ -60,6 +61,8 @@ class MXFP8ParamSyncCallback:
         self._model_key: tuple[int, ...] | None = None
         self._inactive_reason: str | None = None
         self._staged_for_sync = False
+        #: the running Bridge loop stages main params before every forced sync itself (>= 0.6)
+        self._loop_stages = False
         self.last_stats: SyncStats | None = None
         self.history: list[tuple[str, SyncStats]] = []
 
@@ -87,7 +90,7 @@ class MXFP8ParamSyncCallback:
         if self._inactive_reason:
             log_rank_zero(logging.INFO, "MXFP8 param-sync plugin inactive: %s; nothing to do.", self._inactive_reason)
             return None
-        self.engine = ParamSyncEngine(model, getattr(context, "optimizer", None))
+        self.engine = ParamSyncEngine.shared(model, getattr(context, "optimizer", None))
         report = self.engine.prepare(repair_offsets=self.repair_alignment)
         beh = self.engine.behaviour
         log_rank_zero(
@@ -137,7 +140,28 @@ class MXFP8ParamSyncCallback:
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, context: Any) -> None:
         self._model_key = None
-        self._engine(context)
+        engine = self._engine(context)
+        self._loop_stages = engine is not None and self._loop_stages_itself(engine)
+
+    @staticmethod
+    def _loop_stages_itself(engine: ParamSyncEngine) -> bool:
+        """Bridge >= 0.6 with core >= 0.19: every forced sync is preceded by the optimizer's
+        ``prepare_model_params_for_param_sync()`` (evals, saves, hash checks, the closing disable),
+        core writes the gather back (B1) and resets the dispatch state (C). Staging again would
+        only rewrite the buffer, so the callback stays passive."""
+        beh = engine.behaviour
+        if not (beh.has_prepare_for_param_sync and beh.forced_sync_writes_back and beh.has_dispatch_reset):
+            return False
+        if not probe_live_bridge_loop():
+            return False
+        # prepare_model_params_for_param_sync() only stages when the *optimizer* config has both
+        # knobs (DistributedOptimizer.prepare_model_params_for_param_sync, core 0.19).
+        opts = distributed_optimizers(engine.optimizer) if engine.optimizer is not None else []
+        return bool(opts) and all(
+            getattr(o.config, "reuse_grad_buf_for_mxfp8_param_ag", False)
+            and getattr(o.config, "overlap_param_gather", False)
+            for o in opts
+        )
 
     def on_train_step_start(self, context: Any) -> None:
         engine = self._engine(context)
@@ -153,7 +177,9 @@ class MXFP8ParamSyncCallback:
         engine = self._engine(context)
         if engine is None or not engine.overlap:
             return
-        engine.note_training_step()
+        if self._loop_stages:
+            self._staged_for_sync = True  # the loop stages before its forced sync (Bridge >= 0.6)
+            return
         if not self.prestage:
             return
         ahead = self._forced_syncs_ahead(context)
@@ -178,8 +204,12 @@ class MXFP8ParamSyncCallback:
         engine = self._engine(context)
         if engine is None:
             return
-        stats = engine.back_to_training()
-        self._staged_for_sync = stats.staged
+        if self._loop_stages:
+            stats = engine.restore_for_training()  # no re-staging: the loop stages before a save
+            self._staged_for_sync = True
+        else:
+            stats = engine.back_to_training()
+            self._staged_for_sync = stats.staged
         self._record(event, stats)
 
     def on_eval_start(self, context: Any) -> None:

@@ -242,7 +242,7 @@ class MXFP8ParamSyncLightningCallback(Callback):
                     self._inactive_reason,
                 )
                 return None
-            self.engine = ParamSyncEngine(chunks)
+            self.engine = ParamSyncEngine.shared(chunks)
             report = self.engine.prepare(repair_offsets=self.repair_alignment)
             beh = self.engine.behaviour
             log_rank_zero(

@@ -18,15 +18,14 @@ the result into the params at all.
 
 from __future__ import annotations
 
-import logging
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ._log import log_rank_zero
 from .buckets import AlignmentReport, check_bucket_alignment, expected_index, is_megatron_ddp
 from .errors import MXFP8UsageError
 from .upstream import CoreBehaviour, probe_core
@@ -160,10 +159,29 @@ class ParamSyncEngine:
         self.weights_fresh = False
 
     # ------------------------------------------------------------------ set-up
+    @classmethod
+    def shared(cls, model_chunks: Sequence[Any], optimizer: Any | None = None) -> ParamSyncEngine:
+        """The one engine of these model chunks, created on first use.
+
+        Two callbacks on the same model (registered twice, or a Bridge and a Lightning adapter)
+        must not both write back: the second would copy the buffer the first just re-zeroed.
+        Sharing the engine makes every step idempotent.
+        """
+        key = tuple(id(c) for c in model_chunks)
+        engine = _SHARED.get(key)
+        if engine is None or any(a is not b for a, b in zip(engine.model_chunks, model_chunks, strict=True)):
+            engine = cls(model_chunks, optimizer)
+            _SHARED[key] = engine
+        elif optimizer is not None:
+            engine.optimizer = optimizer
+        return engine
+
     def prepare(self, *, repair_offsets: bool = True) -> AlignmentReport | None:
         """Repair bucket offsets (defect A) and plan the write-back copies. Idempotent."""
         if not self.active:
             return None
+        if self.alignment is not None and (self.alignment.repaired or not repair_offsets):
+            return self.alignment
         self.alignment = check_bucket_alignment(self.model_chunks, repair=repair_offsets)
         self._plans = None
         self._plan()
@@ -348,3 +366,6 @@ class ParamSyncEngine:
                 group.param_gather_dispatched = False
                 stats.groups_reset += 1
         return stats
+
+
+_SHARED: weakref.WeakValueDictionary[tuple[int, ...], ParamSyncEngine] = weakref.WeakValueDictionary()
