@@ -9,6 +9,7 @@ from .buckets import AlignmentReport, check_bucket_alignment
 from .errors import MXFP8AlignmentError, MXFP8ConfigError, MXFP8PluginError, MXFP8UsageError
 from .sync import ParamSyncEngine, SyncStats
 from .upstream import CoreBehaviour, probe_core
+from .validate import ValidationReport, validate_config
 
 __all__ = [
     "AlignmentReport",
@@ -22,6 +23,8 @@ __all__ = [
     "SyncStats",
     "check_bucket_alignment",
     "probe_core",
+    "validate_config",
+    "ValidationReport",
 ]
 
 __version__ = "0.1.0"

@@ -45,6 +45,9 @@ class MXFP8ParamSyncCallback:
             about to issue, so the framework's gather is the only one. ``False`` gathers again
             in ``on_eval_start`` (always correct, one extra all-gather per eval).
         refresh_at_train_end: make the weights current after the training loop.
+        validate: check the config (Bridge's ``ConfigContainer``, else the live megatron-core
+            configs) at train start with :func:`mbridge_mxfp8_plugin.validate.validate_config`.
+        strict: raise :class:`~mbridge_mxfp8_plugin.MXFP8ConfigError` on rule errors (else log them).
     """
 
     def __init__(
@@ -53,8 +56,12 @@ class MXFP8ParamSyncCallback:
         repair_alignment: bool = True,
         prestage: bool = True,
         refresh_at_train_end: bool = True,
+        validate: bool = True,
+        strict: bool = True,
     ) -> None:
         self.repair_alignment = repair_alignment
+        self.validate = validate
+        self.strict = strict
         self.prestage = prestage
         self.refresh_at_train_end = refresh_at_train_end
         self.engine: ParamSyncEngine | None = None

@@ -137,6 +137,9 @@ class MXFP8ParamSyncLightningCallback(Callback):
         stage_for_nemo_steps: stage main params at NeMo's ``on_megatron_microbatches_start``
             (training steps only, pre-hooks on). Turn off only if the loop stages them itself.
         refresh_at_train_end: make the weights current after fit, for export / test.
+        validate: check the live megatron-core configs at fit start
+            (:func:`mbridge_mxfp8_plugin.validate.validate_live_job`).
+        strict: raise :class:`~mbridge_mxfp8_plugin.MXFP8ConfigError` on rule errors (else log them).
     """
 
     def __init__(
@@ -147,7 +150,11 @@ class MXFP8ParamSyncLightningCallback(Callback):
         repair_alignment: bool = True,
         stage_for_nemo_steps: bool = True,
         refresh_at_train_end: bool = True,
+        validate: bool = True,
+        strict: bool = True,
     ) -> None:
+        self.validate = validate
+        self.strict = strict
         self.model_getter = model_getter
         self.optimizer_getter = optimizer_getter
         self.repair_alignment = repair_alignment
@@ -282,7 +289,14 @@ class MXFP8ParamSyncLightningCallback(Callback):
         self._stepped = False
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self._bind(trainer, pl_module, need_optimizer=True)
+        engine = self._bind(trainer, pl_module, need_optimizer=True)
+        if engine is not None and self.validate:
+            from .validate import validate_live_job
+
+            plugin = {"enabled": True, "repair_alignment": self.repair_alignment, "strict": self.strict}
+            report = validate_live_job(engine.model_chunks, engine.optimizer, plugin=plugin, strict=self.strict)
+            if report is not None and not report.ok:
+                log_rank_zero(logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors())
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Drop references to the model so a finished Trainer does not keep it alive through us.

@@ -284,5 +284,6 @@ def callbacks_from_recipe(source: PluginOptions | str | Path, overrides: Iterabl
             repair_alignment=options.repair_alignment,
             prestage=options.prestage,
             refresh_at_train_end=options.refresh_at_train_end,
+            strict=options.strict,
         )
     ]

@@ -41,6 +41,7 @@ __all__ = [
     "ValidationReport",
     "check_bucket_alignment",
     "validate_config",
+    "validate_live_job",
 ]
 
 Severity = Literal["error", "warning"]
@@ -1035,3 +1036,33 @@ def validate_config(
     if strict and not report.ok:
         raise ConfigValidationError(report)
     return report
+
+
+def validate_live_job(
+    model_chunks: Any,
+    optimizer: Any,
+    *,
+    container: Any = None,
+    plugin: Any = None,
+    strict: bool = True,
+) -> ValidationReport | None:
+    """The adapters' train-start check: the Bridge ``ConfigContainer`` when there is one, else the
+    live megatron-core configs the chunks and the distributed optimizer actually run with.
+
+    Returns None when there is nothing megatron-core to check (no DDP chunks, no optimizer).
+    """
+    import torch.distributed as dist
+
+    from .sync import distributed_optimizers
+
+    dp = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+    if container is not None and all(hasattr(container, a) for a in ("ddp", "optimizer")):
+        return validate_config(container, plugin=plugin, strict=strict)
+    ddp = getattr(model_chunks[0], "ddp_config", None) if model_chunks else None
+    opts = distributed_optimizers(optimizer) if optimizer is not None else []
+    if ddp is None or not opts:
+        return None
+    group = getattr(model_chunks[0], "intra_dp_cp_group", None) or getattr(model_chunks[0], "dp_cp_group", None)
+    if group is not None and hasattr(group, "size"):
+        dp = group.size()
+    return validate_config(ddp=ddp, optimizer=opts[0].config, plugin=plugin, dp_size=dp, strict=strict)
