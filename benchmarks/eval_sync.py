@@ -133,7 +133,7 @@ def _train_one_step(job: Any) -> None:
         chunk.zero_grad_buffer()
     job.optimizer.zero_grad()
     _handle_mxfp8_param_buffer_copy(job.optimizer, job.model, True, True)
-    (x, y), = make_batches(job.toy, 1, rank=rank, world=world, salt=0)
+    ((x, y),) = make_batches(job.toy, 1, rank=rank, world=world, salt=0)
     job.model[0](x, y).backward()
     for chunk in job.model:
         chunk.finish_grad_sync()
@@ -199,7 +199,6 @@ def _measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
             p.data.copy_(srcs[0] if srcs[0].shape == p.shape else p.detach())
 
     res["quantize_s"] = _timeit(quantize_all)
-    del srcs
     reset()
     res["plugin_peak_extra_bytes_emulated"] = _peak_extra(plugin_full)
     with _plain_quantizer():
@@ -244,7 +243,6 @@ def _measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
     res["floor_copy_bytes"] = int((4 + 2) * n / world + (2 + 2) * n + 2 * n)
     res["copy_bandwidth_Bps"] = bw
     res["floor_s"] = res["floor_copy_bytes"] / bw + res["raw_allgather_s"]
-    del big, dst, out
     counter.pgb.dist_all_gather_func = counter.orig
 
     # Hooks on a training step with no forced sync ahead: what the callback costs per step.
@@ -268,9 +266,6 @@ def _measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
     res["hooks_per_plain_step_s"] = (time.perf_counter() - t0) / 1000
     res["hooks_plain_step_allgathers"] = counter.take()
     counter.pgb.dist_all_gather_func = counter.orig
-    del job, engine
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return res
 
 
@@ -334,6 +329,8 @@ def worker(args: argparse.Namespace) -> None:
         for label in args.sizes.split(","):
             hidden, layers = SIZES[label] if label in SIZES else tuple(int(v) for v in label.split("x"))
             out["sizes"].append(_measure_size(label, hidden, layers))
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the size's job is gone with _measure_size's frame
             if torch.distributed.get_rank() == 0:
                 print(json.dumps(out["sizes"][-1]), flush=True)
         if args.host_params:
@@ -377,7 +374,9 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             row["ratio_plugin_vs_native"] = size["plugin_prestaged_s"] / nat["native_s"]
             row["ratio_plugin_full_vs_native"] = size["plugin_full_s"] / nat["native_s"]
         row["ratio_plugin_vs_floor"] = size["plugin_prestaged_s"] / size["floor_s"]
-        row["ratio_plugin_minus_quantize_vs_floor"] = (size["plugin_prestaged_s"] - size["quantize_s"]) / size["floor_s"]
+        row["ratio_plugin_minus_quantize_vs_floor"] = (
+            size["plugin_prestaged_s"] - size["quantize_s"]
+        ) / size["floor_s"]
         row["plugin_onepass_quantizer_s"] = size["plugin_full_plainquant_s"]
         row["ratio_plugin_onepass_quantizer_vs_floor"] = size["plugin_full_plainquant_s"] / size["floor_s"]
         rows.append(row)
@@ -385,20 +384,49 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for row in rows:
         if row["size"] in ("1B", "4B"):
             if "ratio_plugin_vs_native" in row:
-                checks.append((f"{row['size']} plugin/native <= 1.10", row["ratio_plugin_vs_native"] <= 1.10,
-                               row["ratio_plugin_vs_native"]))
-            checks.append((f"{row['size']} plugin/floor <= 1.5 (emulated quantizer)", row["ratio_plugin_vs_floor"] <= 1.5,
-                           row["ratio_plugin_vs_floor"]))
-            checks.append((f"{row['size']} plugin/floor <= 1.5 (one-pass quantizer, as TE's cast kernel)",
-                           row["ratio_plugin_onepass_quantizer_vs_floor"] <= 1.5,
-                           row["ratio_plugin_onepass_quantizer_vs_floor"]))
-        checks.append((f"{row['size']} prestaged all-gathers == bucket groups of native path",
-                       "native_allgathers" not in row or row["plugin_prestaged_allgathers"] <= row["native_allgathers"],
-                       row["plugin_prestaged_allgathers"]))
-        checks.append((f"{row['size']} extra peak memory (engine) == 0", row["peak_extra_bytes_engine"] == 0,
-                       row["peak_extra_bytes_engine"]))
-        checks.append((f"{row['size']} no collectives on plain steps", row["hooks_plain_step_allgathers"] == 0,
-                       row["hooks_plain_step_allgathers"]))
+                checks.append(
+                    (
+                        f"{row['size']} plugin/native <= 1.10",
+                        row["ratio_plugin_vs_native"] <= 1.10,
+                        row["ratio_plugin_vs_native"],
+                    )
+                )
+            checks.append(
+                (
+                    f"{row['size']} plugin/floor <= 1.5 (emulated quantizer)",
+                    row["ratio_plugin_vs_floor"] <= 1.5,
+                    row["ratio_plugin_vs_floor"],
+                )
+            )
+            checks.append(
+                (
+                    f"{row['size']} plugin/floor <= 1.5 (one-pass quantizer, as TE's cast kernel)",
+                    row["ratio_plugin_onepass_quantizer_vs_floor"] <= 1.5,
+                    row["ratio_plugin_onepass_quantizer_vs_floor"],
+                )
+            )
+        checks.append(
+            (
+                f"{row['size']} prestaged all-gathers == bucket groups of native path",
+                "native_allgathers" not in row
+                or row["plugin_prestaged_allgathers"] <= row["native_allgathers"],
+                row["plugin_prestaged_allgathers"],
+            )
+        )
+        checks.append(
+            (
+                f"{row['size']} extra peak memory (engine) == 0",
+                row["peak_extra_bytes_engine"] == 0,
+                row["peak_extra_bytes_engine"],
+            )
+        )
+        checks.append(
+            (
+                f"{row['size']} no collectives on plain steps",
+                row["hooks_plain_step_allgathers"] == 0,
+                row["hooks_plain_step_allgathers"],
+            )
+        )
     host = (old or {}).get("host")
     if host:
         us = host["refresh_per_param_s"] * 1e6
@@ -444,10 +472,24 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.core:
         version, path = spec.split("=", 1)
         json_path = out / f"eval_sync_core{version.replace('.', '')}.json"
-        env = dict(os.environ, PYTHONPATH=f"{path}:{REPO}:{os.environ.get('PYTHONPATH', '')}", NO_VCS_VERSION="1")
+        env = dict(
+            os.environ, PYTHONPATH=f"{path}:{REPO}:{os.environ.get('PYTHONPATH', '')}", NO_VCS_VERSION="1"
+        )
         host = ["--host-params"] if not version.startswith("0.19") else []
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc),
-               __file__, "worker", "--sizes", args.sizes, "--json", str(json_path), *host]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(args.nproc),
+            __file__,
+            "worker",
+            "--sizes",
+            args.sizes,
+            "--json",
+            str(json_path),
+            *host,
+        ]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, env=env, check=True)
         runs[version] = json.loads(json_path.read_text())
@@ -461,14 +503,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker")
     w.add_argument("--sizes", default="125M,1B,4B")
     w.add_argument("--json", required=True)
     w.add_argument("--host-params", action="store_true")
     r = sub.add_parser("run")
-    r.add_argument("--core", action="append", required=True, help="VERSION=PYTHONPATH of a megatron-core install")
+    r.add_argument(
+        "--core", action="append", required=True, help="VERSION=PYTHONPATH of a megatron-core install"
+    )
     r.add_argument("--sizes", default="125M,1B,4B")
     r.add_argument("--nproc", type=int, default=2)
     r.add_argument("--out", default=str(REPO / "benchmarks" / "results"))

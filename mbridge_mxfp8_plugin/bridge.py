@@ -95,7 +95,9 @@ class MXFP8ParamSyncCallback:
                 "reuse_grad_buf_for_mxfp8_param_ag is off or the distributed optimizer is not used"
             )
         if self._inactive_reason:
-            log_rank_zero(logging.INFO, "MXFP8 param-sync plugin inactive: %s; nothing to do.", self._inactive_reason)
+            log_rank_zero(
+                logging.INFO, "MXFP8 param-sync plugin inactive: %s; nothing to do.", self._inactive_reason
+            )
             return None
         self.engine = ParamSyncEngine.shared(model, getattr(context, "optimizer", None))
         report = self.engine.prepare(repair_offsets=self.repair_alignment)
@@ -142,7 +144,9 @@ class MXFP8ParamSyncCallback:
 
     def _synced_by_framework(self, engine: ParamSyncEngine) -> bool:
         groups = engine._groups()
-        return bool(groups) and all(g.param_gather_dispatched and g.param_gather_handle is None for g in groups)
+        return bool(groups) and all(
+            g.param_gather_dispatched and g.param_gather_handle is None for g in groups
+        )
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, context: Any) -> None:
@@ -202,7 +206,11 @@ class MXFP8ParamSyncCallback:
         if engine is None:
             return
         if engine.optimizer is None:
-            log_rank_zero(logging.INFO, "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.", event)
+            log_rank_zero(
+                logging.INFO,
+                "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.",
+                event,
+            )
         fresh = self._staged_for_sync and self._synced_by_framework(engine)
         self._record(event, engine.weights_for_eval(gathered_fresh=fresh))
         self._staged_for_sync = False

@@ -61,7 +61,10 @@ def iter_buckets(model_chunks: Sequence[Any]) -> Iterator[BucketInfo]:
                 f"model chunk {c} is {type(chunk).__name__}, not megatron-core DistributedDataParallel; "
                 "pass the DDP-wrapped chunks (the list Megatron-Bridge hands callbacks as context.model)"
             )
-        for expert, buffers in ((False, chunk.buffers), (True, getattr(chunk, "expert_parallel_buffers", []))):
+        for expert, buffers in (
+            (False, chunk.buffers),
+            (True, getattr(chunk, "expert_parallel_buffers", [])),
+        ):
             for b, buffer in enumerate(buffers):
                 for k, bucket in enumerate(buffer.buckets):
                     yield BucketInfo(c, expert, b, k, bucket, buffer)
@@ -115,7 +118,9 @@ def check_bucket_alignment(model_chunks: Sequence[Any], *, repair: bool = True) 
     report = AlignmentReport(repaired=repair)
     names = {}
     for chunk in model_chunks:
-        names.update({p: n for n, p in chunk.named_parameters()} if hasattr(chunk, "named_parameters") else {})
+        names.update(
+            {p: n for n, p in chunk.named_parameters()} if hasattr(chunk, "named_parameters") else {}
+        )
     problems: list[str] = []
     for info in iter_buckets(model_chunks):
         report.buckets += 1
@@ -127,9 +132,13 @@ def check_bucket_alignment(model_chunks: Sequence[Any], *, repair: bool = True) 
             want = expected_index(buffer, bucket, param)
             name = names.get(param, f"<param {tuple(param.shape)}>")
             if dist_opt and (want[0] + bucket.offset) % PARAM_ALIGNMENT:
-                problems.append(f"{info.label}: {name} starts at element {want[0] + bucket.offset}, not a multiple of 64")
+                problems.append(
+                    f"{info.label}: {name} starts at element {want[0] + bucket.offset}, not a multiple of 64"
+                )
             if want[0] < 0 or want[1] > bucket_numel:
-                problems.append(f"{info.label}: {name} range {want} lies outside the bucket ({bucket_numel} elements)")
+                problems.append(
+                    f"{info.label}: {name} range {want} lies outside the bucket ({bucket_numel} elements)"
+                )
             found = tuple(bucket.param_to_index[param])
             if found != want:
                 report.mismatches.append(OffsetMismatch(info.label, name, found, want))  # type: ignore[arg-type]

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(world_size=args.world_size, train_iters=args.train_iters, eval_interval=args.eval_interval)
+    return run_demo(
+        world_size=args.world_size, train_iters=args.train_iters, eval_interval=args.eval_interval
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,9 @@ def _fmt(value: float, ref: float) -> str:
     return f"{value:9.5f} ({delta:+.1e} {mark})"
 
 
-def run_demo(*, world_size: int = 2, train_iters: int = 9, eval_interval: int = 3, out: TextIO = sys.stdout) -> int:
+def run_demo(
+    *, world_size: int = 2, train_iters: int = 9, eval_interval: int = 3, out: TextIO = sys.stdout
+) -> int:
     """Run the demo; returns the process exit code (0 only if the plugin run matches the reference)."""
     from .testing.bridge_loop import LoopSchedule
     from .testing.scenarios import run_bridge_scenario
@@ -52,17 +54,16 @@ def run_demo(*, world_size: int = 2, train_iters: int = 9, eval_interval: int = 
     ok = True
     for step in sorted(k for k in ref.eval_losses if k >= 0):
         r = ref.eval_losses[step]
-        print(f"{step:>5}  {r:20.5f}  {_fmt(off.eval_losses[step], r):>26}  {_fmt(on.eval_losses[step], r):>26}", file=out)
+        cells = f"{_fmt(off.eval_losses[step], r):>26}  {_fmt(on.eval_losses[step], r):>26}"
+        print(f"{step:>5}  {r:20.5f}  {cells}", file=out)
         ok &= abs(on.eval_losses[step] - r) <= TOLERANCE
     header = f"{'step':>5}  {'train loss after eval':>20}  {'plugin OFF':>26}  {'plugin ON':>26}"
     print("\n" + header + "\n" + "-" * len(header), file=out)
     for step in sorted(k for k in ref.eval_losses if 0 <= k < len(ref.train_losses)):
         r = ref.train_losses[step]
-        print(
-            f"{step + 1:>5}  {r:20.5f}  {_fmt(off.train_losses[step], r):>26}  {_fmt(on.train_losses[step], r):>26}",
-            file=out,
-        )
-    ok &= all(abs(a - b) <= TOLERANCE for a, b in zip(on.train_losses, ref.train_losses))
+        cells = f"{_fmt(off.train_losses[step], r):>26}  {_fmt(on.train_losses[step], r):>26}"
+        print(f"{step + 1:>5}  {r:20.5f}  {cells}", file=out)
+    ok &= all(abs(a - b) <= TOLERANCE for a, b in zip(on.train_losses, ref.train_losses, strict=True))
     ok &= on.offset_mismatches_after == 0
     print(
         "\nRESULT: plugin run matches the reference within 1e-4 (every eval and train loss)"

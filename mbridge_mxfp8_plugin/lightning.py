@@ -294,9 +294,13 @@ class MXFP8ParamSyncLightningCallback(Callback):
             from .validate import validate_live_job
 
             plugin = {"enabled": True, "repair_alignment": self.repair_alignment, "strict": self.strict}
-            report = validate_live_job(engine.model_chunks, engine.optimizer, plugin=plugin, strict=self.strict)
+            report = validate_live_job(
+                engine.model_chunks, engine.optimizer, plugin=plugin, strict=self.strict
+            )
             if report is not None and not report.ok:
-                log_rank_zero(logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors())
+                log_rank_zero(
+                    logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors()
+                )
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Drop references to the model so a finished Trainer does not keep it alive through us.

@@ -77,7 +77,7 @@ class _BucketPlan:
     #: quantized params: one quantizing copy each (the param's own copy_ does the cast).
     copies: list[_Copy]
     #: unmapped plain (bf16) params and their sources: one batched copy for all of them.
-    plain_dst: list[torch.nn.Parameter]
+    plain_dst: list[torch.Tensor]
     plain_src: list[torch.Tensor]
     #: quantized params that live on the buffer (non-reuse layouts): core's post-processing.
     mapped_quantized: list[torch.nn.Parameter]
@@ -102,7 +102,7 @@ def _plan_bucket(bucket: Any, buffer: Any) -> _BucketPlan:
     from megatron.core import fp8_utils
 
     copies: list[_Copy] = []
-    plain_dst: list[torch.nn.Parameter] = []
+    plain_dst: list[torch.Tensor] = []
     plain_src: list[torch.Tensor] = []
     mapped_quantized: list[torch.nn.Parameter] = []
     flat = bucket.param_data.view(-1)
@@ -265,7 +265,12 @@ class ParamSyncEngine:
         gathers back (>= 0.18), re-stage so a save in the same iteration gathers weights rather
         than the re-zeroed buffer."""
         stats = self.restore_for_training()
-        if self.optimizer is not None and self.active and self.overlap and self.behaviour.forced_sync_writes_back:
+        if (
+            self.optimizer is not None
+            and self.active
+            and self.overlap
+            and self.behaviour.forced_sync_writes_back
+        ):
             stats.staged = self.stage_main_params()
         return stats
 

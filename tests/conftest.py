@@ -18,6 +18,5 @@ def bridge_runs():
 
     schedule = LoopSchedule(train_iters=10, eval_interval=3, eval_iters=2)
     return {
-        mode: run_bridge_scenario(mode, schedule, run_test=True)
-        for mode in ("reference", "mxfp8", "plugin")
+        mode: run_bridge_scenario(mode, schedule, run_test=True) for mode in ("reference", "mxfp8", "plugin")
     }

@@ -70,7 +70,7 @@ def test_first_train_step_after_eval(bridge_runs, plugin):
 def test_all_train_losses_match_with_plugin(bridge_runs):
     ref = bridge_runs["reference"][0].train_losses
     got = bridge_runs["plugin"][0].train_losses
-    assert max(abs(a - b) for a, b in zip(got, ref)) <= TOL
+    assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) <= TOL
 
 
 def test_plugin_fired_through_callback_manager_without_extra_gathers(bridge_runs):

@@ -20,7 +20,8 @@ SCHEDULE = LoopSchedule(train_iters=9, eval_interval=3, eval_iters=1, save_inter
 @pytest.fixture(scope="module")
 def save_runs():
     return {
-        mode: run_bridge_scenario(mode, SCHEDULE, keep_weights=True)[0] for mode in ("reference", "mxfp8", "plugin")
+        mode: run_bridge_scenario(mode, SCHEDULE, keep_weights=True)[0]
+        for mode in ("reference", "mxfp8", "plugin")
     }
 
 

@@ -26,7 +26,7 @@ def test_quantized_values_lie_on_scaled_e4m3_grid():
     x = torch.randn(4, 64, generator=gen) * torch.logspace(-3, 3, 64)
     q = mxfp8_quantize(x)
     grid = _e4m3_grid()
-    for block_x, block_q in zip(x.reshape(-1, 32), q.reshape(-1, 32)):
+    for block_x, block_q in zip(x.reshape(-1, 32), q.reshape(-1, 32), strict=True):
         scale = 2.0 ** (math.floor(math.log2(block_x.abs().max().item())) - 8)
         scaled = (block_q / scale).abs()
         assert torch.isin(scaled, grid).all()

@@ -33,7 +33,10 @@ def gpu_runs():
     if os.environ.get("MXFP8_BRIDGE_LOOP"):
         extra["loop"] = os.environ["MXFP8_BRIDGE_LOOP"]
     schedule = LoopSchedule(train_iters=10, eval_interval=3, eval_iters=2)
-    return {m: run_bridge_scenario(m, schedule, run_test=True, **extra)[0] for m in ("reference", "mxfp8", "plugin")}
+    return {
+        m: run_bridge_scenario(m, schedule, run_test=True, **extra)[0]
+        for m in ("reference", "mxfp8", "plugin")
+    }
 
 
 def _max_diff(a, b):

@@ -60,5 +60,7 @@ def test_engine_rejects_non_ddp_with_actionable_message():
 
 
 def test_console_script_help():
-    out = subprocess.run([sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "--help"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "--help"], capture_output=True, text=True
+    )
     assert out.returncode == 0 and "demo" in out.stdout

@@ -76,7 +76,7 @@ class _NullStream:
     def wait_event(self, *args: Any) -> None:
         pass
 
-    def record_event(self, *args: Any) -> "_NullStream":
+    def record_event(self, *args: Any) -> _NullStream:
         return _NullStream()
 
     def record(self, *args: Any) -> None:
@@ -91,7 +91,7 @@ class _NullStream:
     def elapsed_time(self, *args: Any) -> float:
         return 0.0
 
-    def __enter__(self) -> "_NullStream":
+    def __enter__(self) -> _NullStream:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -53,7 +53,7 @@ class _QuantizedLinear(torch.nn.Module):
         self.bias = torch.nn.Parameter(bias.to(torch.bfloat16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
+        w: torch.Tensor = self.weight
         if self.reference:
             # Same rounding the MXFP8 param applies on write; straight-through for the grad.
             q = mxfp8_quantize(w).to(w.dtype)
@@ -71,7 +71,7 @@ class ToyModel(torch.nn.Module):
         device = device or torch.device("cpu")
         gen = torch.Generator(device=device).manual_seed(cfg.seed)
         layers = []
-        for d_in, d_out in zip(cfg.dims[:-1], cfg.dims[1:]):
+        for d_in, d_out in zip(cfg.dims[:-1], cfg.dims[1:], strict=True):
             w = torch.randn(d_out, d_in, generator=gen, device=device) / d_in**0.5
             b = torch.randn(d_out, generator=gen, device=device) * 0.1
             layers.append(_QuantizedLinear(w, b, cfg.reference))
@@ -81,7 +81,7 @@ class ToyModel(torch.nn.Module):
                 p.allreduce = False  # type: ignore[attr-defined]  # megatron-core's expert marker
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        device = self.layers[0].bias.device
+        device = next(self.parameters()).device
         h, y = x.to(device=device, dtype=torch.bfloat16), y.to(device)
         for i, layer in enumerate(self.layers):
             h = layer(h)
@@ -90,7 +90,9 @@ class ToyModel(torch.nn.Module):
         return torch.nn.functional.cross_entropy(h.float(), y)
 
 
-def make_batches(cfg: ToyConfig, count: int, *, rank: int, world: int, salt: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_batches(
+    cfg: ToyConfig, count: int, *, rank: int, world: int, salt: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Deterministic per-rank data: the same for reference and MXFP8 runs."""
     out = []
     for i in range(count):
@@ -124,7 +126,9 @@ def build_job(cfg: ToyConfig) -> Job:
     from megatron.core.transformer import TransformerConfig
 
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=cfg.expert_model_parallel_size)
+        parallel_state.initialize_model_parallel(
+            1, 1, expert_model_parallel_size=cfg.expert_model_parallel_size
+        )
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     try:
@@ -168,4 +172,6 @@ def build_job(cfg: ToyConfig) -> Job:
         clip_grad=0.0,
     )
     optimizer = get_megatron_optimizer(opt_config, [chunk])
-    return Job(model=[chunk], optimizer=optimizer, ddp_config=ddp_config, optimizer_config=opt_config, toy=cfg)
+    return Job(
+        model=[chunk], optimizer=optimizer, ddp_config=ddp_config, optimizer_config=opt_config, toy=cfg
+    )
