@@ -70,6 +70,8 @@ class MXFP8ParamSyncCallback:
         self._staged_for_sync = False
         #: the running Bridge loop stages main params before every forced sync itself (>= 0.6)
         self._loop_stages = False
+        #: Bridge >= 0.5 fires on_checkpoint_save after each save (and we re-stage there)
+        self._save_seen = False
         self.last_stats: SyncStats | None = None
         self.history: list[tuple[str, SyncStats]] = []
 
@@ -152,7 +154,32 @@ class MXFP8ParamSyncCallback:
     def on_train_start(self, context: Any) -> None:
         self._model_key = None
         engine = self._engine(context)
+        if engine is not None:
+            self._check_job(engine, context)
         self._loop_stages = engine is not None and self._loop_stages_itself(engine)
+
+    def _check_job(self, engine: ParamSyncEngine, context: Any) -> None:
+        """Refuse at train start what would otherwise fail (or train wrong) at the first eval."""
+        if engine.optimizer is not None and not distributed_optimizers(engine.optimizer):
+            raise MXFP8UsageError(
+                f"the optimizer handed to MXFP8ParamSyncCallback is {type(engine.optimizer).__name__}, "
+                "which holds no megatron-core DistributedOptimizer: with reuse_grad_buf_for_mxfp8_param_ag "
+                "the fp32 main params live only there. Build it with megatron.core.optimizer."
+                "get_megatron_optimizer and OptimizerConfig(use_distributed_optimizer=True)"
+            )
+        if not self.validate:
+            return
+        from .validate import validate_live_job
+
+        cfg = getattr(getattr(context, "state", None), "cfg", None)
+        plugin = {"enabled": True, "repair_alignment": self.repair_alignment, "strict": self.strict}
+        report = validate_live_job(
+            engine.model_chunks, engine.optimizer, container=cfg, plugin=plugin, strict=self.strict
+        )
+        if report is not None and not report.ok:
+            log_rank_zero(
+                logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors()
+            )
 
     @staticmethod
     def _loop_stages_itself(engine: ParamSyncEngine) -> bool:
@@ -241,16 +268,37 @@ class MXFP8ParamSyncCallback:
 
     def on_checkpoint_save(self, context: Any) -> None:
         engine = self._engine(context)
-        if engine is not None:
-            self._record("on_checkpoint_save", engine.restore_for_training())
+        if engine is None:
+            return
+        self._save_seen = True
+        if self._loop_stages:
+            stats = engine.restore_for_training()
+        else:
+            # Like after an eval: core >= 0.18 wrote the save's gather back and re-zeroed the
+            # buffer, so re-stage for a forced sync that may follow without a callback (the
+            # closing disable right after the end-of-training save, Bridge 0.5 train.py L742/L762).
+            stats = engine.back_to_training()
+            self._staged_for_sync = stats.staged
+        self._record("on_checkpoint_save", stats)
 
     def on_train_end(self, context: Any) -> None:
         engine = self._engine(context)
         if engine is None or not self.refresh_at_train_end or engine.optimizer is None:
             return
         fresh = self._staged_for_sync and self._synced_by_framework(engine)
+        if fresh and self._unseen_save_possible(engine, context):
+            # Bridge < 0.5 saves right before its closing disable (interval save at the last step,
+            # 0.4's end-of-training save) with no callback in between: on core >= 0.18 that save's
+            # gather consumed and re-zeroed the staged buffer, so the closing gather wrote zeros.
+            fresh = False
         self._record("on_train_end", engine.refresh_weights(gathered_fresh=fresh))
         self._staged_for_sync = False
+
+    def _unseen_save_possible(self, engine: ParamSyncEngine, context: Any) -> bool:
+        if self._loop_stages or self._save_seen or not engine.behaviour.forced_sync_writes_back:
+            return False  # the loop stages / on_checkpoint_save re-staged / repeated gathers are idempotent
+        cfg = getattr(getattr(context, "state", None), "cfg", None)
+        return bool(getattr(getattr(cfg, "checkpoint", None), "save", None))
 
     # Lightning-style conventions: nothing here must survive a resume.
     def state_dict(self) -> dict[str, Any]:

@@ -3,9 +3,12 @@
 Megatron-Bridge itself cannot be imported without Transformer Engine, but the order in which its
 ``train()`` toggles forward pre-hooks, stages main params, forces param syncs and fires callbacks
 is what decides whether MXFP8 weights are right. This module reproduces that order line for line
-(references are to ``megatron/bridge/training/train.py`` and ``eval.py`` of megatron-bridge 0.3.1)
-around a toy forward/backward, and fires events through the real ``CallbackManager`` loaded by
-file path from an installed megatron-bridge wheel (:func:`load_bridge_callbacks`).
+for megatron-bridge 0.3.1 (the default), 0.4.2, 0.5.1 and 0.6.2 (``train(..., loop="0.5.1")``;
+:class:`LoopOrder` lists what differs, with references to each release's
+``megatron/bridge/training/{train,eval,pretrain,checkpointing}.py``) around a toy forward/backward,
+and fires events through the real ``CallbackManager`` loaded by file path from the installed
+megatron-bridge wheel (:func:`load_bridge_callbacks`; callbacks.py is byte-identical in 0.3.1/0.4.2
+and in 0.5.1/0.6.2). :func:`evaluate_only` is pretrain's ``skip_train`` path.
 """
 
 from __future__ import annotations
@@ -21,7 +24,17 @@ import torch
 
 from .toy import Job, make_batches
 
-__all__ = ["LoopSchedule", "RunRecord", "find_bridge_file", "load_bridge_callbacks", "train"]
+__all__ = [
+    "LOOP_ORDERS",
+    "LoopOrder",
+    "LoopSchedule",
+    "RunRecord",
+    "evaluate_only",
+    "find_bridge_file",
+    "load_bridge_callbacks",
+    "loop_order",
+    "train",
+]
 
 
 def find_bridge_file(relative: str = "training/callbacks.py") -> Path:
@@ -61,6 +74,8 @@ class LoopSchedule:
     eval_iters: int = 2
     save_interval: int | None = None
     num_microbatches: int = 1
+    #: ``cfg.train.check_weight_hash_across_dp_replicas_interval``: a forced sync with no callback.
+    weight_hash_interval: int | None = None
 
 
 @dataclass
@@ -71,7 +86,10 @@ class RunRecord:
     eval_losses: dict[int, float] = field(default_factory=dict)
     saved_weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     final_weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: callbacks fired and forced syncs issued, in order (what the loop did, for order tests)
     events: list[str] = field(default_factory=list)
+    #: weights seen by the weight-hash check, by step
+    hashed_weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 def _dp_mean(value: torch.Tensor) -> float:
@@ -82,41 +100,155 @@ def _dp_mean(value: torch.Tensor) -> float:
 
 def _weights(model: list[Any]) -> dict[str, torch.Tensor]:
     return {
-        f"{i}.{n}": p.detach().float().clone() for i, chunk in enumerate(model) for n, p in chunk.named_parameters()
+        f"{i}.{n}": p.detach().float().clone()
+        for i, chunk in enumerate(model)
+        for n, p in chunk.named_parameters()
     }
 
 
-def _make_state(schedule: LoopSchedule) -> Any:
+# ---------------------------------------------------------------------------------------------
+# Loop orders. Line numbers: megatron/bridge/training/{train,eval,pretrain,checkpointing}.py of the
+# release named; "0.3.1 L227" means train.py line 227 of megatron-bridge 0.3.1 unless a file is named.
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoopOrder:
+    """What differs between Bridge releases around forced param syncs and callbacks."""
+
+    release: str
+    #: on_train_start fires before the initial ``disable_forward_pre_hook(param_sync=False)``
+    #: (0.4.2 L266 vs L282; 0.5.1 L323/L339; 0.6.2 L349/L368) instead of after it (0.3.1 L227/L270).
+    on_train_start_before_disable: bool
+    #: eval interval read from ``cfg.validation`` (0.4+: ``val_config = config.validation``,
+    #: 0.4.2 L130) instead of ``cfg.train`` (0.3.1 L503).
+    validation_config: bool
+    #: 0.5.1 L646-653: before the eval's forced sync, ``zero_grad_buffer()`` on every chunk and
+    #: ``_copy_main_params_to_param_buffer()`` on every DistributedOptimizer (evals only).
+    stage_before_eval: bool
+    #: 0.6.2 L1145-1173: ``disable_forward_pre_hook(model, optimizer=...)`` and
+    #: ``force_param_sync(model, optimizer=...)`` call ``optimizer.prepare_model_params_for_param_sync()``
+    #: first: evals (L669), saves (L1321), weight-hash checks (L1087), the closing disable (L777).
+    optimizer_prepares_sync: bool
+    #: 0.6.2 eval.py: on_eval_start after ``model.eval()`` (L109/L111) and on_eval_end before
+    #: ``model.train()`` (L371/L384), both inside ``evaluate()``; earlier releases fire them in
+    #: ``evaluate_and_print_results`` around the ``evaluate()`` call (0.3.1 eval.py L320/L377).
+    eval_events_inside_evaluate: bool
+    #: on_checkpoint_save at the end of ``checkpointing.save_checkpoint`` (0.5.1 checkpointing.py
+    #: L1243-1261, 0.6.2 L1548-1566), i.e. after the forced sync and the write.
+    fires_on_checkpoint_save: bool
+    #: 0.4+: the final save (last step not saved by the interval) is ``save_checkpoint_and_time`` inside
+    #: ``train()`` before the closing disable (0.4.2 L606, 0.5.1 L742, 0.6.2 L757). 0.3.1 saves in
+    #: pretrain.py L158 with ``save_checkpoint`` directly (no forced sync), after ``train()`` returned.
+    final_save_in_train: bool
+    #: 0.4+: ``save_checkpoint_and_time`` calls ``free_overlap_buffers()`` after the forced sync
+    #: (0.4.2 L1143-1146).
+    frees_overlap_buffers: bool
+
+
+LOOP_ORDERS: dict[str, LoopOrder] = {
+    "0.3.1": LoopOrder("0.3.1", False, False, False, False, False, False, False, False),
+    "0.4.2": LoopOrder("0.4.2", True, True, False, False, False, False, True, True),
+    "0.5.1": LoopOrder("0.5.1", True, True, True, False, False, True, True, True),
+    "0.6.2": LoopOrder("0.6.2", True, True, False, True, True, True, True, True),
+}
+DEFAULT_LOOP = "0.3.1"
+
+
+def loop_order(loop: str | LoopOrder | None = None) -> LoopOrder:
+    """``"0.5.1"``, ``"0.5"`` (any 0.5.x) or a :class:`LoopOrder`; ``None`` is Bridge 0.3.1."""
+    if isinstance(loop, LoopOrder):
+        return loop
+    key = (loop or DEFAULT_LOOP).strip().lstrip("v")
+    if key in LOOP_ORDERS:
+        return LOOP_ORDERS[key]
+    minor = ".".join(key.split(".")[:2])
+    for release, order in LOOP_ORDERS.items():
+        if release.startswith(minor + "."):
+            return order
+    raise ValueError(
+        f"unknown Megatron-Bridge loop order {loop!r}; known: {sorted(LOOP_ORDERS)} (or their X.Y)"
+    )
+
+
+def _make_state(schedule: LoopSchedule, order: LoopOrder | None = None) -> Any:
     """The slice of Bridge's ``GlobalState`` that callbacks read (``state.cfg``, ``state.train_state``)."""
+    order = order or loop_order()
     train = SimpleNamespace(
         train_iters=schedule.train_iters,
-        eval_interval=schedule.eval_interval,
-        eval_iters=schedule.eval_iters,
+        # 0.4+: deprecated copies, None unless set (0.4.2 config.py L549-552).
+        eval_interval=None if order.validation_config else schedule.eval_interval,
+        eval_iters=None if order.validation_config else schedule.eval_iters,
         exit_interval=None,
+        skip_train=False,
     )
-    ckpt = SimpleNamespace(save="/tmp/replica" if schedule.save_interval else None, save_interval=schedule.save_interval)
+    ckpt = SimpleNamespace(
+        save="/tmp/replica" if schedule.save_interval else None, save_interval=schedule.save_interval
+    )
     cfg = SimpleNamespace(train=train, checkpoint=ckpt)
+    if order.validation_config:
+        cfg.validation = SimpleNamespace(
+            eval_interval=schedule.eval_interval,
+            eval_iters=schedule.eval_iters,
+            start_eval_at_iter=None,
+            skip_train=False,
+        )
     return SimpleNamespace(cfg=cfg, train_state=SimpleNamespace(step=0, do_valid=True, do_test=False))
 
 
-# -- train.py helpers (0.3.1: L935-966) -------------------------------------------------------
+# -- train.py helpers (0.3.1: L935-966; 0.6.2: L1134-1173) ------------------------------------
 def enable_forward_pre_hook(model: list[Any]) -> None:
     for chunk in model:
         chunk.enable_forward_pre_hook()
 
 
-def disable_forward_pre_hook(model: list[Any], param_sync: bool = True) -> None:
+def disable_forward_pre_hook(model: list[Any], param_sync: bool = True, *, optimizer: Any = None) -> None:
+    """0.3.1 L946-955; with ``optimizer`` the 0.6.2 variant (L1145-1159) that stages first."""
+    if param_sync and optimizer is not None:
+        optimizer.prepare_model_params_for_param_sync()
     for chunk in model:
         chunk.disable_forward_pre_hook(param_sync=param_sync)
 
 
-def force_param_sync(model: list[Any]) -> None:
+def force_param_sync(model: list[Any], optimizer: Any = None) -> None:
+    """0.3.1 L958-966; with ``optimizer`` the 0.6.2 variant (L1162-1173) that stages first."""
+    if optimizer is not None:
+        optimizer.prepare_model_params_for_param_sync()
     for chunk in model:
         chunk.start_param_sync(force_sync=True)
 
 
+def _bridge_train_module(order: LoopOrder) -> ModuleType:
+    """A stand-in for ``megatron.bridge.training.train`` exposing that release's helper signatures.
+
+    The plugin recognises a loop that stages main params before every forced sync (0.6+) from the
+    signatures of the loaded Bridge ``train`` module's ``force_param_sync`` /
+    ``disable_forward_pre_hook`` (see :func:`mbridge_mxfp8_plugin.upstream.probe_live_bridge_loop`).
+    """
+    mod = ModuleType("megatron.bridge.training.train")
+    mod.__dict__["__replica_release__"] = order.release
+    mod.__dict__["enable_forward_pre_hook"] = enable_forward_pre_hook
+    if order.optimizer_prepares_sync:
+
+        def disable_hooks(model: list[Any], optimizer: Any = None, param_sync: bool = True) -> None:
+            disable_forward_pre_hook(model, param_sync, optimizer=optimizer)
+
+        def force_sync(model: list[Any], optimizer: Any = None) -> None:
+            force_param_sync(model, optimizer)
+    else:
+
+        def disable_hooks(model: list[Any], param_sync: bool = True) -> None:  # type: ignore[misc]
+            disable_forward_pre_hook(model, param_sync)
+
+        def force_sync(model: list[Any]) -> None:  # type: ignore[misc]
+            force_param_sync(model)
+
+    mod.__dict__["disable_forward_pre_hook"] = disable_hooks
+    mod.__dict__["force_param_sync"] = force_sync
+    return mod
+
+
 def _handle_mxfp8_param_buffer_copy(optimizer: Any, model: list[Any], reuse: bool, overlap: bool) -> None:
-    """train.py L1350-1380: stage main params into the shared buffer, only with pre-hooks on."""
+    """train.py 0.3.1 L1350-1380 (0.6.2 L1613-1649 adds full-iteration CUDA graphs only): stage main
+    params into the shared buffer, only with pre-hooks on."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     if reuse and overlap:
@@ -127,12 +259,14 @@ def _handle_mxfp8_param_buffer_copy(optimizer: Any, model: list[Any], reuse: boo
 
 
 def train_step(job: Job, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """train.py ``train_step`` L639-720 with megatron-core's no-pipelining schedule inlined."""
+    """train.py ``train_step`` (0.3.1 L639-720, 0.6.2 L824-) with megatron-core's no-pipelining
+    schedule inlined. The order inside is the same in every release (0.3.1 L680-690, 0.4.2 L713-723,
+    0.5.1 L850-860, 0.6.2 L866-876)."""
     model, optimizer = job.model, job.optimizer
-    for chunk in model:  # L681-682
+    for chunk in model:
         chunk.zero_grad_buffer()
-    optimizer.zero_grad()  # L683
-    _handle_mxfp8_param_buffer_copy(  # L685-690
+    optimizer.zero_grad()
+    _handle_mxfp8_param_buffer_copy(
         optimizer,
         model,
         job.optimizer_config.reuse_grad_buf_for_mxfp8_param_ag,
@@ -162,25 +296,70 @@ class _null:
 
 
 def evaluate_and_print_results(
-    job: Job, manager: Any, callbacks_mod: ModuleType, state: Any, eval_batches: list[Any], *, is_test: bool = False
+    job: Job,
+    manager: Any,
+    callbacks_mod: ModuleType,
+    state: Any,
+    eval_batches: list[Any],
+    *,
+    is_test: bool = False,
+    loop: str | LoopOrder | None = None,
+    record: RunRecord | None = None,
 ) -> float:
-    """eval.py ``evaluate_and_print_results`` L278-386 and ``evaluate`` L42-275."""
+    """eval.py ``evaluate_and_print_results`` + ``evaluate`` (0.3.1 L278-386 / L42-275).
+
+    Eval and test contexts carry no optimizer in any release. Where the start/end events fire
+    relative to ``model.eval()`` / ``model.train()`` depends on the release (see :class:`LoopOrder`).
+    """
+    order = loop_order(loop)
     start, end = ("on_test_start", "on_test_end") if is_test else ("on_eval_start", "on_eval_end")
     ctx = callbacks_mod.CallbackContext
-    if callbacks_mod.should_fire(manager, start):  # L320: no optimizer in eval contexts
-        manager.fire(start, ctx(state=state, model=job.model, user_state=manager.user_state))
-    for chunk in job.model:  # evaluate() L86-87
+
+    def fire(event: str, **extra: Any) -> None:
+        if callbacks_mod.should_fire(manager, event):
+            manager.fire(event, ctx(state=state, model=job.model, user_state=manager.user_state, **extra))
+            if record is not None:
+                record.events.append(event)
+
+    if not order.eval_events_inside_evaluate:
+        fire(start)  # 0.3.1 eval.py L320 (0.4.2 L343, 0.5.1 L412): before evaluate()
+    for chunk in job.model:  # evaluate(): 0.3.1 L86-87, 0.6.2 L108-109
         chunk.eval()
+    if order.eval_events_inside_evaluate:
+        fire(start)  # 0.6.2 eval.py L111: after model.eval()
     losses = []
     with torch.no_grad():
         for x, y in eval_batches:
             losses.append(job.model[0](x, y))
-    for chunk in job.model:  # L263-264
-        chunk.train()
     loss = _dp_mean(torch.stack(losses).mean())
-    if callbacks_mod.should_fire(manager, end):  # L377
-        manager.fire(end, ctx(state=state, model=job.model, user_state=manager.user_state, total_loss_dict={"lm loss": loss}))
+    if order.eval_events_inside_evaluate:
+        fire(end, total_loss_dict={"lm loss": loss})  # 0.6.2 eval.py L371: before model.train()
+    for chunk in job.model:  # 0.3.1 L263-264, 0.6.2 L383-384
+        chunk.train()
+    if not order.eval_events_inside_evaluate:
+        fire(end, total_loss_dict={"lm loss": loss})  # 0.3.1 eval.py L377: after evaluate() returned
     return loss
+
+
+def _save(job: Job, order: LoopOrder, fire: Any, record: RunRecord, key: int, *, forced: bool = True) -> None:
+    """``save_checkpoint_and_time`` (0.3.1 L1055-1127, 0.4.2 L1092, 0.5.1 L1241-1331, 0.6.2 L1269-1359).
+
+    No callback before the write in any release; the pre-hooks stay enabled. ``forced=False`` is
+    0.3.1's end-of-run ``save_checkpoint`` in pretrain.py L158, which does not force a sync.
+    """
+    model = job.model
+    toggle = bool(job.ddp_config.use_distributed_optimizer and job.ddp_config.overlap_param_gather)
+    if forced and toggle:
+        # 0.3.1 L1101-1102 / 0.6.2 L1320-1321 (optimizer=optimizer: stages first)
+        force_param_sync(model, job.optimizer if order.optimizer_prepares_sync else None)
+        record.events.append("force_param_sync")
+    if forced and order.frees_overlap_buffers:  # 0.4.2 L1143-1146
+        for chunk in model:
+            if hasattr(chunk, "free_overlap_buffers"):
+                chunk.free_overlap_buffers()
+    record.saved_weights[key] = _weights(model)  # what dist-checkpointing writes: param.data
+    if order.fires_on_checkpoint_save:  # 0.5.1 checkpointing.py L1243-1261 (sync save)
+        fire("on_checkpoint_save", optimizer=job.optimizer)
 
 
 def train(
@@ -190,59 +369,169 @@ def train(
     *,
     callbacks_module: ModuleType | None = None,
     run_test: bool = False,
+    loop: str | LoopOrder | None = None,
 ) -> RunRecord:
-    """train.py ``train()`` of megatron-bridge 0.3.1, L87-637, in its order of operations."""
+    """train.py ``train()`` (+ pretrain.py's test eval) of the given Bridge release, in its order.
+
+    ``loop`` picks the release (``"0.3.1"`` default, ``"0.4.2"``, ``"0.5.1"``, ``"0.6.2"`` or X.Y).
+    Line references: 0.3.1 L87-637 | 0.4.2 L91-670 | 0.5.1 L113-805 | 0.6.2 L125-820.
+    ``schedule.save_interval`` adds interval saves and the release's end-of-run save
+    (``record.saved_weights[step]`` / ``[-1]``); ``schedule.weight_hash_interval`` adds the
+    weight-hash check (forced sync without a callback).
+    """
+    order = loop_order(loop)
     cb = callbacks_module or load_bridge_callbacks()
     manager = cb.CallbackManager()
     if callbacks:
         manager.add(callbacks)  # what pretrain(..., callbacks=[...]) does via normalize_callbacks
     ctx = cb.CallbackContext
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    state = _make_state(schedule)
+    state = _make_state(schedule, order)
     model, optimizer = job.model, job.optimizer
     record = RunRecord()
     eval_batches = make_batches(job.toy, schedule.eval_iters, rank=rank, world=world, salt=99991)
+    stage_opt = optimizer if order.optimizer_prepares_sync else None
+    save_interval = schedule.save_interval
+    hash_interval = getattr(schedule, "weight_hash_interval", None)
 
     def fire(event: str, **extra: Any) -> None:
         if cb.should_fire(manager, event):
             manager.fire(event, ctx(state=state, model=model, user_state=manager.user_state, **extra))
+            record.events.append(event)
 
-    # L218-232: DistOpt + overlap_param_gather -> first iteration runs without pre-hooks.
-    toggle = bool(job.ddp_config.use_distributed_optimizer and job.ddp_config.overlap_param_gather)
-    pre_hook_enabled = True
-    if toggle:
-        disable_forward_pre_hook(model, param_sync=False)
-        pre_hook_enabled = False
-    fire("on_train_start", optimizer=optimizer)  # L270-279
-    start_iteration = state.train_state.step
-    while state.train_state.step < schedule.train_iters:
-        it = state.train_state.step
-        fire("on_train_step_start", optimizer=optimizer)  # L351-360
-        batches = make_batches(job.toy, schedule.num_microbatches, rank=rank, world=world, salt=it)
-        record.train_losses.append(train_step(job, batches))
-        fire("on_train_step_end", optimizer=optimizer)  # L385-397
-        if it == start_iteration and toggle:  # L419-434: enable pre-hooks after the first step
-            enable_forward_pre_hook(model)
-            pre_hook_enabled = True
-        state.train_state.step += 1
-        step = state.train_state.step
-        if schedule.eval_interval and step % schedule.eval_interval == 0:  # L501-540
-            if toggle:
-                disable_forward_pre_hook(model)  # forced all-gather before eval
-                pre_hook_enabled = False
-            record.eval_losses[step] = evaluate_and_print_results(job, manager, cb, state, eval_batches)
-            if toggle:
+    saved_modules = {k: sys.modules.get(k) for k in (_TRAIN_MODULE,)}
+    sys.modules[_TRAIN_MODULE] = _bridge_train_module(order)
+    try:
+        # should_disable_forward_pre_hook (0.3.1 L912): not fsdp and distopt and overlap.
+        toggle = bool(job.ddp_config.use_distributed_optimizer and job.ddp_config.overlap_param_gather)
+        pre_hook_enabled = True
+        if order.on_train_start_before_disable:
+            fire("on_train_start", optimizer=optimizer)  # 0.4.2 L266, 0.5.1 L323, 0.6.2 L349
+        if toggle:  # 0.3.1 L226-232, 0.4.2 L281-287, 0.5.1 L338-344, 0.6.2 L364-372 (fresh run)
+            disable_forward_pre_hook(model, param_sync=False)
+            record.events.append("disable_forward_pre_hook(param_sync=False)")
+            pre_hook_enabled = False
+        if not order.on_train_start_before_disable:
+            fire("on_train_start", optimizer=optimizer)  # 0.3.1 L270-279
+        start_iteration = state.train_state.step
+        while state.train_state.step < schedule.train_iters:
+            it = state.train_state.step
+            fire("on_train_step_start", optimizer=optimizer)  # 0.3.1 L351, 0.6.2 L454
+            batches = make_batches(job.toy, schedule.num_microbatches, rank=rank, world=world, salt=it)
+            record.train_losses.append(train_step(job, batches))
+            fire("on_train_step_end", optimizer=optimizer)  # 0.3.1 L385, 0.6.2 L497
+            if it == start_iteration and toggle and not pre_hook_enabled:  # 0.3.1 L419-436, 0.6.2 L535-549
                 enable_forward_pre_hook(model)
                 pre_hook_enabled = True
-        # checkpoint_and_decide_exit -> save_checkpoint_and_time L1096-1102: forced sync, no callback.
-        if schedule.save_interval and step % schedule.save_interval == 0:
-            if toggle:
-                force_param_sync(model)
-            record.saved_weights[step] = _weights(model)
-    if pre_hook_enabled:  # L594-595: close out pre-hooks (one more forced sync)
-        disable_forward_pre_hook(model)
-    fire("on_train_end", optimizer=optimizer)  # L626-635
-    if run_test:  # pretrain.py: test evaluation after train()
-        record.eval_losses[-1] = evaluate_and_print_results(job, manager, cb, state, eval_batches, is_test=True)
+            state.train_state.step += 1  # 0.3.1 L445
+            step = state.train_state.step
+            if schedule.eval_interval and step % schedule.eval_interval == 0:
+                # 0.3.1 L501-540 | 0.4.2 L512-549 | 0.5.1 L635-684 | 0.6.2 L657-698
+                if (
+                    order.stage_before_eval
+                    and job.optimizer_config.reuse_grad_buf_for_mxfp8_param_ag
+                    and (job.ddp_config.overlap_param_gather)
+                ):
+                    _stage_like_bridge_051(job)  # 0.5.1 L646-653
+                    record.events.append("stage_main_params(0.5)")
+                if toggle:
+                    disable_forward_pre_hook(model, optimizer=stage_opt)  # forced all-gather before eval
+                    record.events.append("disable_forward_pre_hook")
+                    pre_hook_enabled = False
+                record.eval_losses[step] = evaluate_and_print_results(
+                    job, manager, cb, state, eval_batches, loop=order, record=record
+                )
+                if toggle:
+                    enable_forward_pre_hook(model)
+                    pre_hook_enabled = True
+            if hash_interval and step % hash_interval == 0:
+                # maybe_check_weight_hash_across_dp_replicas: 0.3.1 L868-896, 0.6.2 L1065-1095
+                if toggle:
+                    disable_forward_pre_hook(model, optimizer=stage_opt)
+                    record.events.append("disable_forward_pre_hook(hash)")
+                record.hashed_weights[step] = _weights(model)
+                if toggle:
+                    enable_forward_pre_hook(model)
+            # checkpoint_and_decide_exit (0.3.1 L1130-1263): regular save at save_interval.
+            if save_interval and step % save_interval == 0:
+                _save(job, order, fire, record, step)
+        # End-of-run save when the last step was not saved (0.4.2 L600-616, 0.6.2 L748-767).
+        if (
+            order.final_save_in_train
+            and save_interval
+            and state.train_state.step != 0
+            and state.train_state.step % save_interval != 0
+        ):
+            _save(job, order, fire, record, -1)
+        if pre_hook_enabled:  # 0.3.1 L594-595, 0.6.2 L776-777 (optimizer=optimizer)
+            disable_forward_pre_hook(model, optimizer=stage_opt)
+            record.events.append("disable_forward_pre_hook(final)")
+        fire("on_train_end", optimizer=optimizer)  # 0.3.1 L626, 0.4.2 L658, 0.5.1 L795, 0.6.2 L810
+    finally:
+        for k, v in saved_modules.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    # pretrain.py 0.3.1 L157-166: end-of-run save_checkpoint, no forced sync, after train().
+    if not order.final_save_in_train and save_interval and state.train_state.step != 0:
+        _save(job, order, fire, record, -1, forced=False)
+    if run_test:  # pretrain.py (0.3.1 L190-201): test evaluation after train(), no hook toggling
+        record.eval_losses[-1] = evaluate_and_print_results(
+            job, manager, cb, state, eval_batches, is_test=True, loop=order, record=record
+        )
     record.final_weights = _weights(model)
     return record
+
+
+def evaluate_only(
+    job: Job,
+    schedule: LoopSchedule,
+    callbacks: list[Any] | None = None,
+    *,
+    callbacks_module: ModuleType | None = None,
+    run_test: bool = False,
+    loop: str | LoopOrder | None = None,
+) -> RunRecord:
+    """pretrain.py with ``skip_train`` (0.3.1 L141/L175-201, 0.6.2 L148-197): no ``train()`` at all.
+
+    The forward pre-hooks stay enabled as ``DistributedDataParallel.__init__`` left them, nothing
+    stages main params, and no callback ever sees the optimizer. ``record.eval_losses[0]`` is the
+    validation loss, ``[-1]`` the test loss.
+    """
+    order = loop_order(loop)
+    cb = callbacks_module or load_bridge_callbacks()
+    manager = cb.CallbackManager()
+    if callbacks:
+        manager.add(callbacks)
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    state = _make_state(schedule, order)
+    if order.validation_config:
+        state.cfg.validation.skip_train = True
+    else:
+        state.cfg.train.skip_train = True
+    record = RunRecord()
+    eval_batches = make_batches(job.toy, schedule.eval_iters, rank=rank, world=world, salt=99991)
+    record.eval_losses[0] = evaluate_and_print_results(
+        job, manager, cb, state, eval_batches, loop=order, record=record
+    )
+    if run_test:
+        record.eval_losses[-1] = evaluate_and_print_results(
+            job, manager, cb, state, eval_batches, is_test=True, loop=order, record=record
+        )
+    record.final_weights = _weights(job.model)
+    return record
+
+
+_TRAIN_MODULE = "megatron.bridge.training.train"
+
+
+def _stage_like_bridge_051(job: Job) -> None:
+    """0.5.1 train.py L646-653, verbatim order: zero every grad buffer, then stage each DistOpt."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for chunk in job.model:
+        chunk.zero_grad_buffer()
+    for opt in job.optimizer.chained_optimizers:
+        if isinstance(opt, DistributedOptimizer):
+            opt._copy_main_params_to_param_buffer()

@@ -7,7 +7,9 @@ any rank is re-raised in the caller with that rank's traceback.
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import socket
 import traceback
 from collections.abc import Callable
@@ -53,11 +55,19 @@ def _rank_main(
             backend="nccl" if use_cuda else "gloo", rank=rank, world_size=world_size
         )
         try:
-            results.put((rank, True, fn(*args)))
+            # Pickled by value here: torch's queue would share tensors through file descriptors
+            # that die with this process, which may exit before the parent reads them.
+            results.put((rank, True, _to_bytes(fn(*args))))
         finally:
             torch.distributed.destroy_process_group()
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         results.put((rank, False, traceback.format_exc()))
+
+
+def _to_bytes(value: Any) -> bytes:
+    buf = io.BytesIO()
+    pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buf.getvalue()
 
 
 def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 600.0) -> list[Any]:
@@ -93,7 +103,7 @@ def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: flo
                     failures.append(f"timed out after {timeout:.0f}s waiting for ranks")
                 continue
             if ok:
-                collected[rank] = payload
+                collected[rank] = pickle.loads(payload)
             else:
                 failures.append(f"rank {rank} failed:\n{payload}")
     finally:

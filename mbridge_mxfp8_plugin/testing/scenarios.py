@@ -85,10 +85,21 @@ class _Recorder:
 
 def _make_recorder_events() -> None:
     for event in (
-        "on_train_start", "on_train_step_start", "on_train_step_end", "on_train_end",
-        "on_eval_start", "on_eval_step_start", "on_eval_step_end", "on_eval_end",
-        "on_test_start", "on_test_step_start", "on_test_step_end", "on_test_end", "on_checkpoint_save",
+        "on_train_start",
+        "on_train_step_start",
+        "on_train_step_end",
+        "on_train_end",
+        "on_eval_start",
+        "on_eval_step_start",
+        "on_eval_step_end",
+        "on_eval_end",
+        "on_test_start",
+        "on_test_step_start",
+        "on_test_step_end",
+        "on_test_end",
+        "on_checkpoint_save",
     ):
+
         def method(self: _Recorder, context: Any, _e: str = event) -> None:
             self._rec(_e)
 
