@@ -7,7 +7,7 @@ REQ := requirements/py311-core0161.txt
 STAMP := $(VENV)/.installed-$(shell cat $(REQ) Makefile pyproject.toml | sha1sum | cut -c1-12)
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint clean
+.PHONY: demo test test-main matrix lint clean
 
 $(STAMP): $(REQ) pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,18 @@ $(STAMP): $(REQ) pyproject.toml
 demo: $(STAMP)
 	NO_VCS_VERSION=1 $(VENV)/bin/mxfp8-plugin demo
 
-test: $(STAMP)
-	NO_VCS_VERSION=1 $(PY) -m pytest -q
+# The README's test command: the full suite on core 0.16.1 (Python 3.11), then the release matrix
+# (core 0.14.0, 0.15.3 on 3.11; 0.17.1, 0.18.2, 0.19.2 on 3.12, each with its Bridge loop order).
+test: test-main matrix
+
+test-main: $(STAMP)
+	NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs
+
+matrix:
+	bash .ci/matrix.sh core0140 core0153 core0171 core0182 core0192
+
+matrix-%:
+	bash .ci/matrix.sh $*
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff mypy types-PyYAML

@@ -325,7 +325,10 @@ class ParamSyncEngine:
             for plan in plans:
                 for bp in plan.buckets:
                     for copy in bp.copies:
-                        copy.param.data.copy_(copy.src)  # quantizes for MXFP8 params
+                        # The param's own copy_ quantizes (TE's QuantizedTensor and the emulation
+                        # alike); going through param.data would cost a tensor-subclass alias per
+                        # param. Safe under no_grad: no autograd graph holds the params here.
+                        copy.param.copy_(copy.src)
                     if bp.plain_dst:
                         torch._foreach_copy_(bp.plain_dst, bp.plain_src)
                     stats.params_written += len(bp.copies) + len(bp.plain_dst)
