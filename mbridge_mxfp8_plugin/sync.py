@@ -154,6 +154,7 @@ class ParamSyncEngine:
         self.active = reuse_mode_active(self.model_chunks)
         self.overlap = any(c.ddp_config.overlap_param_gather for c in self.model_chunks)
         self._plans: list[_GroupPlan] | None = None
+        self._stage_plans: dict[int, tuple[Any, tuple[list[torch.Tensor], list[torch.Tensor]]]] = {}
         self.alignment: AlignmentReport | None = None
         #: param.data holds the current main params (set by a refresh, cleared by a train step).
         self.weights_fresh = False
@@ -237,10 +238,46 @@ class ParamSyncEngine:
                 "MXFP8 params with reuse_grad_buf_for_mxfp8_param_ag need use_distributed_optimizer=True"
             )
         for opt in opts:
-            # Not prepare_model_params_for_param_sync(): it zeroes the whole grad buffer first,
-            # a full-buffer write the gather below makes unnecessary.
-            opt._copy_main_params_to_param_buffer()
+            plan = self._stage_plan(opt)
+            if plan is None:
+                # Layout we cannot plan (e.g. precision-aware optimizer): core's own per-param copy.
+                opt._copy_main_params_to_param_buffer()
+                continue
+            if plan[0]:
+                # One batched copy instead of core's per-param loop (the same shard views and
+                # values as _copy_main_params_to_param_buffer: main shard -> its bucket slice).
+                torch._foreach_copy_(plan[0], plan[1])
+            if self.behaviour.has_dispatch_reset:
+                # Core >= 0.19's staging also re-arms the pre-hooks (C's fix); keep that contract.
+                for chunk in opt.model_chunks:
+                    chunk.reset_param_sync_dispatch_state()
         return True
+
+    def _stage_plan(self, opt: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """(buffer shard views, fp32 main shards) of one distributed optimizer, built once."""
+        key = id(opt)
+        if key in self._stage_plans:
+            cached_opt, plan = self._stage_plans[key]
+            if cached_opt is opt:
+                return plan
+        try:
+            dst: list[torch.Tensor] = []
+            src: list[torch.Tensor] = []
+            for mains, params in zip(
+                opt.shard_fp32_from_float16_groups, opt.model_float16_groups, strict=True
+            ):
+                for main, param in zip(mains, params, strict=True):
+                    if main is None:
+                        return None
+                    world = opt._get_model_param_range_map(param)["gbuf_world_in_bucket"]
+                    gbuf_index, _, bucket_id = opt.model_param_gbuf_map[param]
+                    buffer = opt.buffers[gbuf_index].buckets[bucket_id].param_data
+                    dst.append(buffer.view(-1)[world.start : world.end])
+                    src.append(main)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+        self._stage_plans[key] = (opt, (dst, src))
+        return dst, src
 
     def _wait_in_flight(self) -> None:
         # The refresh re-stages and re-gathers everything, so the in-flight gather's own
