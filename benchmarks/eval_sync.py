@@ -449,13 +449,14 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         ("plugin, core 0.16.1 (gathers itself)", "plugin_full_s"),
         ("native, core 0.19.2", "native_0192_s"),
         ("of which emulated quantize", "quantize_s"),
+        ("plugin with a one-pass quantizer", "plugin_onepass_quantizer_s"),
         ("physical floor", "floor_s"),
     ]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.16
+    width = 0.13
     for i, (name, key) in enumerate(series):
         vals = [r.get(key, 0.0) * 1e3 for r in rows]
-        ax.bar([x + (i - 2) * width for x in range(len(rows))], vals, width, label=name)
+        ax.bar([x + (i - 2.5) * width for x in range(len(rows))], vals, width, label=name)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_ylabel("ms per eval (before-eval sync + after-eval restore)")
     ax.set_yscale("log")
@@ -502,6 +503,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def replot(args: argparse.Namespace) -> int:
+    """Redraw the plot from a committed eval_sync.json (no GPU needed)."""
+    path = Path(args.json)
+    plot(json.loads(path.read_text()), path.with_suffix(".png"))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -518,7 +526,11 @@ def main() -> int:
     r.add_argument("--sizes", default="125M,1B,4B")
     r.add_argument("--nproc", type=int, default=2)
     r.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p = sub.add_parser("replot")
+    p.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "eval_sync.json"))
     args = parser.parse_args()
+    if args.cmd == "replot":
+        return replot(args)
     if args.cmd == "worker":
         worker(args)
         return 0
