@@ -61,7 +61,9 @@ def probe_core() -> CoreBehaviour:
     group_cls = pgb._ParamAndGradBucketGroup
     return CoreBehaviour(
         forced_sync_writes_back=callable(getattr(group_cls, "_post_param_sync", None)),
-        has_dispatch_reset=callable(getattr(DistributedDataParallel, "reset_param_sync_dispatch_state", None)),
+        has_dispatch_reset=callable(
+            getattr(DistributedDataParallel, "reset_param_sync_dispatch_state", None)
+        ),
         has_prepare_for_param_sync=callable(
             getattr(DistributedOptimizer, "prepare_model_params_for_param_sync", None)
         ),

@@ -1062,7 +1062,8 @@ def validate_live_job(
     opts = distributed_optimizers(optimizer) if optimizer is not None else []
     if ddp is None or not opts:
         return None
-    group = getattr(model_chunks[0], "intra_dp_cp_group", None) or getattr(model_chunks[0], "dp_cp_group", None)
+    chunk = model_chunks[0]
+    group = getattr(chunk, "intra_dp_cp_group", None) or getattr(chunk, "dp_cp_group", None)
     if group is not None and hasattr(group, "size"):
         dp = group.size()
     return validate_config(ddp=ddp, optimizer=opts[0].config, plugin=plugin, dp_size=dp, strict=strict)
