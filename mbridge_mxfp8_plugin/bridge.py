@@ -26,10 +26,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ._adapter import bind_engine, check_job
 from ._log import log_rank_zero
-from .buckets import is_megatron_ddp
 from .errors import MXFP8UsageError
-from .sync import ParamSyncEngine, SyncStats, distributed_optimizers, reuse_mode_active
+from .sync import ParamSyncEngine, SyncStats, distributed_optimizers
 from .upstream import probe_live_bridge_loop
 
 __all__ = ["MXFP8ParamSyncCallback"]
@@ -84,32 +84,11 @@ class MXFP8ParamSyncCallback:
                 self.engine.optimizer = context.optimizer
             return self.engine
         self._model_key = key
-        self.engine = None
-        self._inactive_reason = None
-        if not all(is_megatron_ddp(m) for m in model):
-            kinds = sorted({type(m).__name__ for m in model})
-            self._inactive_reason = (
-                f"model chunks are {kinds}, not megatron-core DistributedDataParallel "
-                "(Megatron-FSDP and torch DDP do not have these defects)"
-            )
-        elif not reuse_mode_active(model):
-            self._inactive_reason = (
-                "reuse_grad_buf_for_mxfp8_param_ag is off or the distributed optimizer is not used"
-            )
-        if self._inactive_reason:
-            log_rank_zero(
-                logging.INFO, "MXFP8 param-sync plugin inactive: %s; nothing to do.", self._inactive_reason
-            )
-            return None
-        self.engine = ParamSyncEngine.shared(model, getattr(context, "optimizer", None))
-        report = self.engine.prepare(repair_offsets=self.repair_alignment)
-        beh = self.engine.behaviour
-        log_rank_zero(
-            logging.INFO,
-            "MXFP8 param-sync plugin active: %s; core forced-sync write-back=%s, dispatch reset=%s",
-            report.summary() if report else "no buckets",
-            beh.forced_sync_writes_back,
-            beh.has_dispatch_reset,
+        self.engine, self._inactive_reason = bind_engine(
+            model,
+            getattr(context, "optimizer", None),
+            repair_alignment=self.repair_alignment,
+            framework="Bridge",
         )
         return self.engine
 
@@ -159,27 +138,14 @@ class MXFP8ParamSyncCallback:
         self._loop_stages = engine is not None and self._loop_stages_itself(engine)
 
     def _check_job(self, engine: ParamSyncEngine, context: Any) -> None:
-        """Refuse at train start what would otherwise fail (or train wrong) at the first eval."""
-        if engine.optimizer is not None and not distributed_optimizers(engine.optimizer):
-            raise MXFP8UsageError(
-                f"the optimizer handed to MXFP8ParamSyncCallback is {type(engine.optimizer).__name__}, "
-                "which holds no megatron-core DistributedOptimizer: with reuse_grad_buf_for_mxfp8_param_ag "
-                "the fp32 main params live only there. Build it with megatron.core.optimizer."
-                "get_megatron_optimizer and OptimizerConfig(use_distributed_optimizer=True)"
-            )
-        if not self.validate:
-            return
-        from .validate import validate_live_job
-
-        cfg = getattr(getattr(context, "state", None), "cfg", None)
-        plugin = {"enabled": True, "repair_alignment": self.repair_alignment, "strict": self.strict}
-        report = validate_live_job(
-            engine.model_chunks, engine.optimizer, container=cfg, plugin=plugin, strict=self.strict
+        check_job(
+            engine,
+            container=getattr(getattr(context, "state", None), "cfg", None),
+            plugin={"enabled": True, "repair_alignment": self.repair_alignment, "strict": self.strict},
+            validate=self.validate,
+            strict=self.strict,
+            owner="MXFP8ParamSyncCallback",
         )
-        if report is not None and not report.ok:
-            log_rank_zero(
-                logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors()
-            )
 
     @staticmethod
     def _loop_stages_itself(engine: ParamSyncEngine) -> bool:

@@ -34,10 +34,11 @@ except ImportError as _exc:  # the extra is not installed
         "mbridge_mxfp8_plugin.lightning needs Lightning: pip install 'mbridge-mxfp8-plugin[lightning]'"
     ) from _exc
 
+from ._adapter import bind_engine, check_job
 from ._log import log_rank_zero
 from .buckets import is_megatron_ddp
 from .errors import MXFP8UsageError
-from .sync import ParamSyncEngine, SyncStats, distributed_optimizers, reuse_mode_active
+from .sync import ParamSyncEngine, SyncStats, distributed_optimizers
 
 __all__ = ["MXFP8ParamSyncLightningCallback", "find_megatron_optimizer", "find_model_chunks"]
 
@@ -238,10 +239,6 @@ class MXFP8ParamSyncLightningCallback(Callback):
         if key != self._model_key:
             self._model_key = key
             self.engine = None
-            if chunks and not reuse_mode_active(chunks):
-                self._inactive_reason = (
-                    "reuse_grad_buf_for_mxfp8_param_ag is off or the distributed optimizer is not used"
-                )
             if self._inactive_reason:
                 log_rank_zero(
                     logging.INFO,
@@ -249,17 +246,8 @@ class MXFP8ParamSyncLightningCallback(Callback):
                     self._inactive_reason,
                 )
                 return None
-            self.engine = ParamSyncEngine.shared(chunks)
-            report = self.engine.prepare(repair_offsets=self.repair_alignment)
-            beh = self.engine.behaviour
-            log_rank_zero(
-                logging.INFO,
-                "MXFP8 param-sync plugin active (Lightning, %d chunk(s)): %s; core forced-sync write-back=%s,"
-                " dispatch reset=%s",
-                len(chunks),
-                report.summary() if report else "no buckets",
-                beh.forced_sync_writes_back,
-                beh.has_dispatch_reset,
+            self.engine, self._inactive_reason = bind_engine(
+                chunks, None, repair_alignment=self.repair_alignment, framework="Lightning"
             )
         if self.engine is None:
             return None
@@ -290,17 +278,15 @@ class MXFP8ParamSyncLightningCallback(Callback):
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         engine = self._bind(trainer, pl_module, need_optimizer=True)
-        if engine is not None and self.validate:
-            from .validate import validate_live_job
-
-            plugin = {"enabled": True, "repair_alignment": self.repair_alignment, "strict": self.strict}
-            report = validate_live_job(
-                engine.model_chunks, engine.optimizer, plugin=plugin, strict=self.strict
+        if engine is not None:
+            check_job(
+                engine,
+                container=None,
+                plugin={"enabled": True, "repair_alignment": self.repair_alignment, "strict": self.strict},
+                validate=self.validate,
+                strict=self.strict,
+                owner="MXFP8ParamSyncLightningCallback",
             )
-            if report is not None and not report.ok:
-                log_rank_zero(
-                    logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors()
-                )
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Drop references to the model so a finished Trainer does not keep it alive through us.

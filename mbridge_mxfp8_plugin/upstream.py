@@ -146,8 +146,8 @@ def _function_body(text: str, name: str) -> str:
     m = re.search(rf"^def {re.escape(name)}\(", text, re.M)
     if not m:
         return ""
-    nxt = re.search(r"^(def |class |@)", text[m.end():], re.M)
-    return text[m.start(): m.end() + nxt.start()] if nxt else text[m.start():]
+    nxt = re.search(r"^(def |class |@)", text[m.end() :], re.M)
+    return text[m.start() : m.end() + nxt.start()] if nxt else text[m.start() :]
 
 
 def _bridge_training_dir() -> Path | None:
@@ -167,6 +167,7 @@ def probe_bridge_files(training_dir: str | Path | None = None) -> BridgeLoopBeha
     root = Path(training_dir) if training_dir else _bridge_training_dir()
     if root is None or not (root / "train.py").is_file():
         return None
+
     def read(name: str) -> str:
         f = root / name
         return f.read_text(encoding="utf-8", errors="replace") if f.is_file() else ""

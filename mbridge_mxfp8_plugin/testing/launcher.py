@@ -97,8 +97,10 @@ def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: flo
             except queue.Empty:
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in collected]
                 if dead:
-                    failures.append(f"rank(s) {dead} died without reporting (exit codes "
-                                    f"{[procs[i].exitcode for i in dead]})")
+                    failures.append(
+                        f"rank(s) {dead} died without reporting (exit codes "
+                        f"{[procs[i].exitcode for i in dead]})"
+                    )
                 elif time.monotonic() > deadline:
                     failures.append(f"timed out after {timeout:.0f}s waiting for ranks")
                 continue
