@@ -57,7 +57,7 @@ setup_cell() {
     pip_q "$venv/bin/python" -m pip install --no-deps -r "$nodeps"
     pip_q "$venv/bin/python" -m pip install --no-deps -e .
     # pip only warns on a failed --no-deps step through grep above; verify the result.
-    "$venv/bin/python" -c "import torch, megatron.core, mbridge_mxfp8_plugin" \
+    PYTHONWARNINGS=ignore NO_VCS_VERSION=1 "$venv/bin/python" -c "import torch, megatron.core, mbridge_mxfp8_plugin" \
         || { echo "[$cell] install incomplete" >&2; return 1; }
     touch "$stamp"
     echo "[$cell] venv ready in $((SECONDS - t0)) s"
