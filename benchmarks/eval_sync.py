@@ -155,12 +155,12 @@ def _measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
     engine.prepare()
     counter = _GatherCounter()
     n_params = sum(p.numel() for p in job.model[0].parameters())
-    n_groups = len(engine._groups())
+    n_groups = len(engine.bucket_groups())
     res: dict[str, Any] = {"size": label, "params": n_params, "bucket_groups": n_groups}
 
     def reset() -> None:
         engine.weights_fresh = False
-        for g in engine._groups():
+        for g in engine.bucket_groups():
             g.param_gather_dispatched = False
 
     def plugin_full() -> None:
@@ -227,7 +227,7 @@ def _measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
         res["native_peak_extra_bytes_emulated"] = _peak_extra(native)
 
     # Physical floor, measured in this process: copy bandwidth and a raw all-gather of the size.
-    elems = sum(b.param_data.numel() for g in engine._groups() for b in g.buckets)
+    elems = sum(b.param_data.numel() for g in engine.bucket_groups() for b in g.buckets)
     dev = job.model[0].module.layers[0].bias.device
     big = torch.empty(max(elems, 1 << 26), dtype=torch.bfloat16, device=dev)
     dst = torch.empty_like(big)
@@ -282,7 +282,7 @@ def _host_time_per_param() -> dict[str, Any]:
 
     def reset() -> None:
         engine.weights_fresh = False
-        for g in engine._groups():
+        for g in engine.bucket_groups():
             g.param_gather_dispatched = False
 
     from mbridge_mxfp8_plugin import SyncStats

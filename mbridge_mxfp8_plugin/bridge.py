@@ -124,10 +124,7 @@ class MXFP8ParamSyncCallback:
         return ahead
 
     def _synced_by_framework(self, engine: ParamSyncEngine) -> bool:
-        groups = engine._groups()
-        return bool(groups) and all(
-            g.param_gather_dispatched and g.param_gather_handle is None for g in groups
-        )
+        return engine.synced_without_gather_in_flight()
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, context: Any) -> None:

@@ -320,7 +320,7 @@ class MXFP8ParamSyncLightningCallback(Callback):
         engine.restore_for_training()
         if not _forward_pre_hooks_enabled(engine.model_chunks):
             return
-        if any(g.param_gather_dispatched for g in engine._groups()):
+        if any(g.param_gather_dispatched for g in engine.bucket_groups()):
             return
         engine.stage_main_params()
         self._stepped = True

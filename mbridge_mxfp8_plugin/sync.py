@@ -188,7 +188,8 @@ class ParamSyncEngine:
         self._plan()
         return self.alignment
 
-    def _groups(self) -> list[Any]:
+    def bucket_groups(self) -> list[Any]:
+        """Every dense and expert-parallel bucket group of every chunk, in dispatch-table order."""
         return [
             g
             for c in self.model_chunks
@@ -203,7 +204,8 @@ class ParamSyncEngine:
                     for bucket in buffer.buckets:
                         buffer_of[id(bucket)] = buffer
             self._plans = [
-                _GroupPlan(g, [_plan_bucket(b, buffer_of[id(b)]) for b in g.buckets]) for g in self._groups()
+                _GroupPlan(g, [_plan_bucket(b, buffer_of[id(b)]) for b in g.buckets])
+                for g in self.bucket_groups()
             ]
         return self._plans
 
@@ -211,6 +213,13 @@ class ParamSyncEngine:
     def note_training_step(self) -> None:
         """The optimizer may have changed the main params: param.data is no longer known fresh."""
         self.weights_fresh = False
+
+    def synced_without_gather_in_flight(self) -> bool:
+        """Every group looks like a forced sync just ran: dispatched, no handle outstanding."""
+        groups = self.bucket_groups()
+        return bool(groups) and all(
+            g.param_gather_dispatched and g.param_gather_handle is None for g in groups
+        )
 
     def gather_in_flight(self) -> bool:
         """An asynchronous param all-gather is still writing into some bucket."""

@@ -500,7 +500,7 @@ def _in_flight_checks(job: Job) -> dict[str, str]:
 
     engine = ParamSyncEngine(job.model, job.optimizer)
     engine.prepare()
-    groups = engine._groups()
+    groups = engine.bucket_groups()
     out: dict[str, str] = {}
     with torch.no_grad():
         for opt in distributed_optimizers(job.optimizer):  # stands in for an optimizer step
