@@ -8,9 +8,8 @@ plugin, core 0.16 captures the weights of the previous iteration.
 from __future__ import annotations
 
 import pytest
-import torch
+from _weights import expected_mxfp8_weights, worst_diff
 
-from mbridge_mxfp8_plugin.testing import mxfp8_quantize
 from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
 from mbridge_mxfp8_plugin.testing.scenarios import run_bridge_scenario
 
@@ -25,21 +24,15 @@ def save_runs():
     }
 
 
-def _expected(ref_weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    # The reference keeps bf16 params; an MXFP8 param holds the same values rounded to MXFP8.
-    return {k: (mxfp8_quantize(v) if k.endswith("weight") else v) for k, v in ref_weights.items()}
-
-
-def _worst(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
-    return max(float((got[k] - want[k]).abs().max()) for k in want)
-
-
 @pytest.mark.parametrize("plugin", [False, True], ids=["plugin_off", "plugin_on"])
 def test_saved_weights_are_the_current_weights(save_runs, plugin):
     ref = save_runs["reference"]
     run = save_runs["plugin" if plugin else "mxfp8"]
     assert sorted(ref.saved_weights) == sorted(run.saved_weights) and ref.saved_weights
-    worst = {step: _worst(run.saved_weights[step], _expected(w)) for step, w in ref.saved_weights.items()}
+    worst = {
+        step: worst_diff(run.saved_weights[step], expected_mxfp8_weights(w))
+        for step, w in ref.saved_weights.items()
+    }
     if plugin:
         assert all(v == 0.0 for v in worst.values()), worst
     else:
@@ -60,4 +53,4 @@ def test_step_after_save_matches_reference(save_runs, plugin):
 
 def test_final_weights_after_train_are_current(save_runs):
     ref, run = save_runs["reference"], save_runs["plugin"]
-    assert _worst(run.final_weights, _expected(ref.final_weights)) == 0.0
+    assert worst_diff(run.final_weights, expected_mxfp8_weights(ref.final_weights)) == 0.0

@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
+from _weights import expected_mxfp8_weights, worst_diff
 
-from mbridge_mxfp8_plugin.testing import mxfp8_quantize
 from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
 from mbridge_mxfp8_plugin.testing.robust import Case, CaseRun, run_cases
 
@@ -35,14 +34,6 @@ def soak() -> dict[str, CaseRun]:
     return runs
 
 
-def _expected(ref: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: (mxfp8_quantize(v) if k.endswith("weight") else v) for k, v in ref.items()}
-
-
-def _worst(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
-    return max(float((got[k] - want[k]).abs().max()) for k in want)
-
-
 @pytest.mark.parametrize("plugin", [False, True], ids=["plugin_off", "plugin_on"])
 def test_soak_losses_equal_reference_throughout(soak, plugin):
     ref, got = soak["reference"], soak["plugin" if plugin else "mxfp8"]
@@ -61,10 +52,12 @@ def test_soak_losses_equal_reference_throughout(soak, plugin):
 def test_soak_checkpoints_hold_current_weights(soak, plugin):
     ref, got = soak["reference"], soak["plugin" if plugin else "mxfp8"]
     assert sorted(got.saved_weights) == sorted(ref.saved_weights) == [-1, 50, 100, 150, 200]
-    worst = {s: _worst(got.saved_weights[s], _expected(w)) for s, w in ref.saved_weights.items()}
+    worst = {
+        s: worst_diff(got.saved_weights[s], expected_mxfp8_weights(w)) for s, w in ref.saved_weights.items()
+    }
     if plugin:
         assert all(v == 0.0 for v in worst.values()), worst
-        assert _worst(got.final_weights, _expected(ref.final_weights)) == 0.0
+        assert worst_diff(got.final_weights, expected_mxfp8_weights(ref.final_weights)) == 0.0
     else:
         assert all(worst[s] > 1e-3 for s in (50, 100, 150, 200)), worst
 
