@@ -9,31 +9,24 @@ versions are carried for messages only. Megatron-Bridge is inspected by reading 
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from .upstream import CoreBehaviour, installed_versions, probe_core
+from .upstream import CoreBehaviour, bridge_training_dir, installed_versions, probe_bucket_offsets, probe_core
 
 __all__ = ["InstalledStack"]
 
 
 def _core_pads_bucket_offsets() -> bool | None:
-    """Defect A fixed? The fix (#3007) hands the buffer's padded ``param_index_map`` to each bucket.
-
-    A bucket constructed without that map can only count offsets naively, so the constructor
-    signature is the behaviour. The live check on real buckets is :func:`.buckets.check_bucket_alignment`.
-    """
-    from . import upstream
-
-    behavioural = getattr(upstream, "probe_bucket_offsets", None)  # builds a real dummy bucket
-    if behavioural is not None:
-        try:
-            return bool(behavioural())
-        except Exception:  # noqa: BLE001 - fall back to the constructor signature
-            pass
+    """Defect A fixed? :func:`.upstream.probe_bucket_offsets` builds a real dummy bucket; if that
+    cannot run, the constructor signature tells (the fix, #3007, hands each bucket the buffer's
+    padded ``param_index_map``). The live check on real buckets is
+    :func:`.buckets.check_bucket_alignment`."""
+    try:
+        return bool(probe_bucket_offsets())
+    except Exception:  # noqa: BLE001 - fall back to the constructor signature
+        pass
     try:
         from megatron.core.distributed import param_and_grad_buffer as pgb
 
@@ -43,12 +36,8 @@ def _core_pads_bucket_offsets() -> bool | None:
 
 
 def _bridge_train_source() -> str | None:
-    spec = importlib.util.find_spec("megatron")
-    for loc in list(spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(loc) / "bridge" / "training" / "train.py"
-        if candidate.is_file():
-            return candidate.read_text(encoding="utf-8", errors="replace")
-    return None
+    root = bridge_training_dir()
+    return (root / "train.py").read_text(encoding="utf-8", errors="replace") if root else None
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,8 @@ def _function_body(text: str, name: str) -> str:
     return text[m.start() : m.end() + nxt.start()] if nxt else text[m.start() :]
 
 
-def _bridge_training_dir() -> Path | None:
+def bridge_training_dir() -> Path | None:
+    """``megatron/bridge/training`` of the installed Megatron-Bridge (found without importing it)."""
     spec = importlib.util.find_spec("megatron")
     for loc in list(spec.submodule_search_locations or []) if spec else []:
         candidate = Path(loc) / "bridge" / "training"
@@ -164,7 +165,7 @@ def probe_bridge_files(training_dir: str | Path | None = None) -> BridgeLoopBeha
 
     Never imports Bridge. Returns None when no Bridge is installed.
     """
-    root = Path(training_dir) if training_dir else _bridge_training_dir()
+    root = Path(training_dir) if training_dir else bridge_training_dir()
     if root is None or not (root / "train.py").is_file():
         return None
 
