@@ -38,4 +38,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy mbridge_mxfp8_plugin
 
 clean:
-	rm -rf $(VENV) .venv-* build dist *.egg-info
+	rm -rf $(VENV) .venv-* .matrix build dist *.egg-info

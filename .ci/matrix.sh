@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Release-pair matrix: megatron-core 0.14 .. 0.19, each with the Megatron-Bridge release it ships with.
 #
-#   .ci/matrix.sh                 set up (or reuse) every cell's venv and run its tests
+#   .ci/matrix.sh                 set up (or reuse) every cell and run its tests
 #   .ci/matrix.sh core0182 ...    only these cells
-#   MATRIX_SETUP_ONLY=1 .ci/matrix.sh     build the venvs, run nothing
+#   MATRIX_SETUP_ONLY=1 .ci/matrix.sh     install, run nothing
 #   MATRIX_PYTEST_ARGS="-x -k plugin"     extra pytest arguments
 #
-# One venv per cell at the repo root (.venv-<cell>, ignored by git), rebuilt only when its pinned
-# requirements (requirements/<cell>.txt + <cell>-nodeps.txt) or pyproject.toml change. The tests read
-# MXFP8_BRIDGE_LOOP to replay that Bridge release's train/eval/save order (testing/bridge_loop.py)
-# and MXFP8_MATRIX_CELL to assert exactly the defects UPSTREAM.md lists for the pair.
+# Disk is the constraint, not time: the only cp312 torch reachable here is PyPI's CUDA build (5.4 GB).
+# So each Python version gets ONE base venv (.venv-matrix-py3.x: torch, pytest, the plugin -e), and a
+# cell is only its megatron-core + numpy + megatron-bridge in .matrix/<cell> (pip --no-deps --target,
+# ~60 MB), put first on PYTHONPATH when that cell's tests run. Both are rebuilt only when their pinned
+# requirements change. pip's wheel cache is off: it would keep a second copy of the CUDA wheels.
+# The tests read MXFP8_BRIDGE_LOOP to replay that Bridge release's train/eval/save order
+# (testing/bridge_loop.py) and MXFP8_MATRIX_CELL to assert exactly the defects UPSTREAM.md lists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # cell -> "python bridge-loop"
 declare -A CELL=(
@@ -37,38 +41,55 @@ find_python() {  # $1 = 3.11 | 3.12
     return 1
 }
 
-pip_q() { "$@" --disable-pip-version-check -q 2>&1 | grep -v -E "^WARNING: Location '.*' is ignored" || true; }
+pip_q() { "$@" -q 2>&1 | grep -v -E "^WARNING: Location '.*' is ignored" || true; }
 
-setup_cell() {
-    local cell=$1 pyver=${CELL[$cell]% *} venv=.venv-$1 req=requirements/$1.txt nodeps=requirements/$1-nodeps.txt
-    local hash stamp py t0
-    hash=$(cat "$req" "$nodeps" pyproject.toml | sha1sum | cut -c1-12)
+disk() { df -h . | awk 'NR==2 {print "disk: " $4 " free of " $2}'; }
+
+setup_base() {  # $1 = 3.11 | 3.12
+    local pyver=$1 venv=.venv-matrix-py$1 req=requirements/matrix-py$1.txt hash stamp py t0
+    hash=$(cat "$req" pyproject.toml | sha1sum | cut -c1-12)
     stamp=$venv/.installed-$hash
-    if [ -f "$stamp" ]; then
-        echo "[$cell] reusing $venv"
-        return 0
-    fi
+    [ -f "$stamp" ] && return 0
     t0=$SECONDS
     py=$(find_python "$pyver")
     rm -rf "$venv"
     "$py" -m venv "$venv"
-    echo "[$cell] installing $req into $venv (python $pyver)"
+    echo "[py$pyver] installing $req into $venv ($(disk))"
     pip_q "$venv/bin/python" -m pip install -r "$req"
-    pip_q "$venv/bin/python" -m pip install --no-deps -r "$nodeps"
     pip_q "$venv/bin/python" -m pip install --no-deps -e .
-    # pip only warns on a failed --no-deps step through grep above; verify the result.
-    PYTHONWARNINGS=ignore NO_VCS_VERSION=1 "$venv/bin/python" -c "import torch, megatron.core, mbridge_mxfp8_plugin" \
-        || { echo "[$cell] install incomplete" >&2; return 1; }
+    PYTHONWARNINGS=ignore "$venv/bin/python" -c "import torch, pytest, yaml" \
+        || { echo "[py$pyver] base install incomplete ($(disk))" >&2; return 1; }
     touch "$stamp"
-    echo "[$cell] venv ready in $((SECONDS - t0)) s"
+    echo "[py$pyver] base venv ready in $((SECONDS - t0)) s, $(du -sh "$venv" | cut -f1) ($(disk))"
+}
+
+setup_cell() {
+    local cell=$1 pyver=${CELL[$1]% *} dir=.matrix/$1 req=requirements/$1.txt hash stamp
+    setup_base "$pyver" || return 1
+    hash=$(cat "$req" | sha1sum | cut -c1-12)
+    stamp=$dir/.installed-$hash
+    if [ -f "$stamp" ]; then
+        echo "[$cell] reusing $dir"
+        return 0
+    fi
+    rm -rf "$dir"
+    pip_q ".venv-matrix-py$pyver/bin/python" -m pip install --no-deps --target "$dir" -r "$req"
+    # pip only warns on some failures through grep above; verify the result.
+    PYTHONPATH=$dir PYTHONWARNINGS=ignore NO_VCS_VERSION=1 ".venv-matrix-py$pyver/bin/python" \
+        -c "import torch, numpy, megatron.core, mbridge_mxfp8_plugin" \
+        || { echo "[$cell] install incomplete ($(disk))" >&2; return 1; }
+    touch "$stamp"
+    echo "[$cell] $req in $dir ($(du -sh "$dir" | cut -f1))"
 }
 
 declare -A RESULT
 declare -A SECS
 fail=0
+echo "matrix: cells ${cells[*]}; $(disk)"
 for cell in "${cells[@]}"; do
     [ -n "${CELL[$cell]:-}" ] || { echo "unknown cell $cell (known: ${ORDER[*]})" >&2; exit 2; }
     loop=${CELL[$cell]#* }
+    py=.venv-matrix-py${CELL[$cell]% *}/bin/python
     t0=$SECONDS
     if ! setup_cell "$cell"; then
         RESULT[$cell]="SETUP FAILED"; fail=1; continue
@@ -76,7 +97,7 @@ for cell in "${cells[@]}"; do
     if [ -n "${MATRIX_SETUP_ONLY:-}" ]; then
         RESULT[$cell]="set up"; SECS[$cell]=$((SECONDS - t0)); continue
     fi
-    versions=$(NO_VCS_VERSION=1 ".venv-$cell/bin/python" -c "
+    versions=$(PYTHONPATH=.matrix/$cell NO_VCS_VERSION=1 "$py" -c "
 from importlib.metadata import version as v
 import sys
 print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(\"megatron-core\")}  megatron-bridge {v(\"megatron-bridge\")}')")
@@ -86,8 +107,8 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
     echo "[$cell] Bridge loop order replayed: $loop"
     echo "=================================================================================="
     # shellcheck disable=SC2086
-    if MXFP8_MATRIX_CELL=$cell MXFP8_BRIDGE_LOOP=$loop NO_VCS_VERSION=1 \
-        ".venv-$cell/bin/python" -m pytest -q -p no:cacheprovider tests/test_matrix.py tests/test_doctor.py \
+    if PYTHONPATH=.matrix/$cell MXFP8_MATRIX_CELL=$cell MXFP8_BRIDGE_LOOP=$loop NO_VCS_VERSION=1 \
+        "$py" -m pytest -q -p no:cacheprovider tests/test_matrix.py tests/test_doctor.py \
         "tests/test_validate.py::test_bucket_alignment_on_real_dense_and_expert_buffers" ${MATRIX_PYTEST_ARGS:-}; then
         RESULT[$cell]="passed"
     else
@@ -98,7 +119,7 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
 done
 
 echo
-echo "matrix summary (total ${SECONDS} s):"
+echo "matrix summary (total ${SECONDS} s, $(disk)):"
 for cell in "${cells[@]}"; do
     printf '  %-9s loop %-6s %4s s  %s\n' "$cell" "${CELL[$cell]#* }" "${SECS[$cell]:-?}" "${RESULT[$cell]:-not run}"
 done
