@@ -23,7 +23,9 @@ demo: $(STAMP)
 # (core 0.14.0, 0.15.3 on 3.11; 0.17.1, 0.18.2, 0.19.2 on 3.12, each with its Bridge loop order).
 test: test-main matrix
 
+# The doctor's report heads the log: which torch / megatron-core / bridge this suite ran against.
 test-main: $(STAMP)
+	NO_VCS_VERSION=1 $(VENV)/bin/mxfp8-plugin doctor
 	NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs
 
 matrix:
