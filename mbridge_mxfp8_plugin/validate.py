@@ -370,6 +370,13 @@ def _found(rule: Rule, findings: Iterable[Finding], knob: str = "", value: Any =
     return RuleResult(rule, status, fs, knob=knob, value=value)
 
 
+def _violation(
+    rule: Rule, severity: Severity, knob: str, value: Any, message: str, fix: Any = None
+) -> RuleResult:
+    """The common case: a rule that found exactly one problem."""
+    return _found(rule, [Finding(rule.id, severity, knob, value, message, fix)])
+
+
 def _input_rule(rule_id: str, title: str, ok_note: str) -> None:
     @_rule(rule_id, title)
     def check(ctx: _Context, rule: Rule) -> RuleResult:
@@ -397,22 +404,17 @@ def _mx001(ctx: _Context, rule: Rule) -> RuleResult:
         return _na(rule, "reuse_grad_buf_for_mxfp8_param_ag comes from the base config", reuse.path)
     if reuse.value:
         return _pass(rule, "reuse is on", reuse.path, True)
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                "error",
-                reuse.path,
-                reuse.value,
-                f"fp8_recipe=mxfp8 with fp8_param_gather=true needs reuse_grad_buf_for_mxfp8_param_ag=true "
-                f"(seen {_y(reuse.value)}): Megatron-Bridge asserts it (MixedPrecisionConfig.finalize "
-                "in 0.3/0.4, "
-                "ConfigContainer.validate from 0.5), and without it megatron-core keeps a second full "
-                "param buffer",
-                ctx.fix_reuse(True),
-            )
-        ],
+        "error",
+        reuse.path,
+        reuse.value,
+        f"fp8_recipe=mxfp8 with fp8_param_gather=true needs reuse_grad_buf_for_mxfp8_param_ag=true "
+        f"(seen {_y(reuse.value)}): Megatron-Bridge asserts it (MixedPrecisionConfig.finalize "
+        "in 0.3/0.4, "
+        "ConfigContainer.validate from 0.5), and without it megatron-core keeps a second full "
+        "param buffer",
+        ctx.fix_reuse(True),
     )
 
 
@@ -430,20 +432,15 @@ def _mx002(ctx: _Context, rule: Rule) -> RuleResult:
         if ctx.bridge_semantics and ctx.view.mp_present
         else {"ddp": {"fp8_param_gather": True}}
     )
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                "error",
-                fpg.path,
-                fpg.value,
-                f"reuse_grad_buf_for_mxfp8_param_ag=true ({reuse.path}) needs fp8_param_gather=true: "
-                "megatron-core's DistributedDataParallelConfig.__post_init__ asserts 'Reuse grad buffer only "
-                "when keeping params in MXFP8' (Bridge defers that check to its finalize())",
-                fix,
-            )
-        ],
+        "error",
+        fpg.path,
+        fpg.value,
+        f"reuse_grad_buf_for_mxfp8_param_ag=true ({reuse.path}) needs fp8_param_gather=true: "
+        "megatron-core's DistributedDataParallelConfig.__post_init__ asserts 'Reuse grad buffer only "
+        "when keeping params in MXFP8' (Bridge defers that check to its finalize())",
+        fix,
     )
 
 
@@ -468,21 +465,16 @@ def _mx003(ctx: _Context, rule: Rule) -> RuleResult:
         "the distributed optimizer's main params; otherwise they never change"
     )
     knob = "reuse_grad_buf_for_mxfp8_param_ag" if reuse else "fp8_param_gather"
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                "error",
-                dist.path,
-                dist.value,
-                f"{knob}=true needs use_distributed_optimizer=true (seen {_y(dist.value)}): {why}",
-                {
-                    "ddp": {"use_distributed_optimizer": True},
-                    "optimizer": {"use_distributed_optimizer": True},
-                },
-            )
-        ],
+        "error",
+        dist.path,
+        dist.value,
+        f"{knob}=true needs use_distributed_optimizer=true (seen {_y(dist.value)}): {why}",
+        {
+            "ddp": {"use_distributed_optimizer": True},
+            "optimizer": {"use_distributed_optimizer": True},
+        },
     )
 
 
@@ -506,19 +498,13 @@ def _mx004(ctx: _Context, rule: Rule) -> RuleResult:
             "Megatron-FSDP has no shared param/grad buffer; the distributed optimizer's reuse branch "
             "stages main params into a buffer FSDP never gathers (core >= 0.18 raises NotImplementedError)"
         )
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                sev,
-                fsdp.path,
-                True,
-                "use_megatron_fsdp=true with reuse_grad_buf_for_mxfp8_param_ag=true "
-                f"({reuse[0].path}): {why}",
-                {"ddp": {"use_megatron_fsdp": False}},
-            )
-        ],
+        sev,
+        fsdp.path,
+        True,
+        f"use_megatron_fsdp=true with reuse_grad_buf_for_mxfp8_param_ag=true ({reuse[0].path}): {why}",
+        {"ddp": {"use_megatron_fsdp": False}},
     )
 
 
@@ -709,20 +695,15 @@ def _mx007(ctx: _Context, rule: Rule) -> RuleResult:
         return _pass(rule, "overlap_param_gather_with_optimizer_step off", ws.path, ws.value)
     if not ctx.reuse_anywhere():
         return _pass(rule, "reuse off", ws.path, True)
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                "error",
-                ws.path,
-                True,
-                "overlap_param_gather_with_optimizer_step=true is not supported with "
-                "reuse_grad_buf_for_mxfp8_param_ag: megatron-core 0.19 rejects it (ValueError in "
-                "OptimizerConfig); earlier releases accept it without supporting it",
-                {"optimizer": {"overlap_param_gather_with_optimizer_step": False}},
-            )
-        ],
+        "error",
+        ws.path,
+        True,
+        "overlap_param_gather_with_optimizer_step=true is not supported with "
+        "reuse_grad_buf_for_mxfp8_param_ag: megatron-core 0.19 rejects it (ValueError in "
+        "OptimizerConfig); earlier releases accept it without supporting it",
+        {"optimizer": {"overlap_param_gather_with_optimizer_step": False}},
     )
 
 
@@ -733,7 +714,7 @@ def _mx008(ctx: _Context, rule: Rule) -> RuleResult:
     if dp is None:
         return _na(rule, "pass --dp-size (or mxfp8_plugin.dp_size) to check DP padding", "dp_size")
     if dp < 1:
-        return _found(rule, [Finding(rule.id, "error", "dp_size", dp, f"dp_size must be >= 1, got {dp}")])
+        return _violation(rule, "error", "dp_size", dp, f"dp_size must be >= 1, got {dp}")
     if not dist.known:
         return _na(rule, "use_distributed_optimizer comes from the base config", dist.path)
     if not dist.value:
@@ -871,19 +852,14 @@ def _mx009(ctx: _Context, rule: Rule) -> RuleResult:
         "B1": "eval and checkpoints see the weights of the previous iteration",
         "C": "the step after each eval/save adds the staged weights to the gradients",
     }
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                "error",
-                enabled.path,
-                False,
-                f"the plugin is disabled but {ctx.installed.describe()} has defect(s) "
-                f"{', '.join(defects)} for this config: " + "; ".join(effects[d] for d in defects),
-                {PLUGIN_SECTION: {"enabled": True}},
-            )
-        ],
+        "error",
+        enabled.path,
+        False,
+        f"the plugin is disabled but {ctx.installed.describe()} has defect(s) "
+        f"{', '.join(defects)} for this config: " + "; ".join(effects[d] for d in defects),
+        {PLUGIN_SECTION: {"enabled": True}},
     )
 
 
@@ -898,19 +874,14 @@ def _mx010(ctx: _Context, rule: Rule) -> RuleResult:
         return _na(rule, "cannot tell whether the installed megatron-core has defect A", repair.path)
     if "A" not in _relevant_defects(ctx):
         return _pass(rule, "defect A absent or not relevant", repair.path, False)
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                "error",
-                repair.path,
-                False,
-                f"repair_alignment=false on {ctx.installed.describe()}: bucket offsets there ignore the "
-                "64-element padding, so MXFP8ParamSyncCallback raises MXFP8AlignmentError at train start",
-                {PLUGIN_SECTION: {"repair_alignment": True}},
-            )
-        ],
+        "error",
+        repair.path,
+        False,
+        f"repair_alignment=false on {ctx.installed.describe()}: bucket offsets there ignore the "
+        "64-element padding, so MXFP8ParamSyncCallback raises MXFP8AlignmentError at train start",
+        {PLUGIN_SECTION: {"repair_alignment": True}},
     )
 
 
@@ -924,22 +895,17 @@ def _mx011(ctx: _Context, rule: Rule) -> RuleResult:
     dist, ov, fsdp = ctx.ddp("use_distributed_optimizer"), ctx.ddp("overlap_param_gather"), ctx.fsdp()
     if not (dist.known and dist.value and ov.known and ov.value) or (fsdp.known and fsdp.value):
         return _pass(rule, "the loop never disables the pre-hooks for this config", ov.path, ov.value)
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                "error",
-                ov.path,
-                True,
-                f"{inst.describe()}: this Bridge calls "
-                "optimizer.prepare_model_params_for_param_sync() before "
-                "every eval, checkpoint save and weight-hash check, and this megatron-core does not have it "
-                "(added in 0.19): AttributeError at the first eval or save. Install megatron-core >= 0.19, "
-                "or Megatron-Bridge <= 0.5, or turn overlap_param_gather off",
-                {"ddp": {"overlap_param_gather": False}, "optimizer": {"overlap_param_gather": False}},
-            )
-        ],
+        "error",
+        ov.path,
+        True,
+        f"{inst.describe()}: this Bridge calls "
+        "optimizer.prepare_model_params_for_param_sync() before "
+        "every eval, checkpoint save and weight-hash check, and this megatron-core does not have it "
+        "(added in 0.19): AttributeError at the first eval or save. Install megatron-core >= 0.19, "
+        "or Megatron-Bridge <= 0.5, or turn overlap_param_gather off",
+        {"ddp": {"overlap_param_gather": False}, "optimizer": {"overlap_param_gather": False}},
     )
 
 
@@ -952,19 +918,14 @@ def _mx012(ctx: _Context, rule: Rule) -> RuleResult:
         return _na(rule, "fp8_param_gather comes from the base config", fpg.path)
     if fpg.value:
         return _pass(rule, "fp8_param_gather on", fpg.path, True)
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                "warning",
-                fpg.path,
-                False,
-                "fp8_recipe=mxfp8 without fp8_param_gather keeps bf16 params plus MXFP8 copies "
-                "(megatron-core warns of significant extra memory); legal, and this plugin has nothing to do",
-                {"mixed_precision": "bf16_with_mxfp8_mixed"},
-            )
-        ],
+        "warning",
+        fpg.path,
+        False,
+        "fp8_recipe=mxfp8 without fp8_param_gather keeps bf16 params plus MXFP8 copies "
+        "(megatron-core warns of significant extra memory); legal, and this plugin has nothing to do",
+        {"mixed_precision": "bf16_with_mxfp8_mixed"},
     )
 
 
@@ -987,19 +948,14 @@ def _mx013(ctx: _Context, rule: Rule) -> RuleResult:
     for k in missing:
         sec, knob = k.split(".")
         fix.setdefault(sec, {})[knob] = True
-    return _found(
+    return _violation(
         rule,
-        [
-            Finding(
-                rule.id,
-                "warning",
-                ", ".join(missing),
-                None,
-                "not set in this recipe, so the value comes from the base recipe and was not checked; state "
-                "it so that check can vouch for the combination",
-                fix,
-            )
-        ],
+        "warning",
+        ", ".join(missing),
+        None,
+        "not set in this recipe, so the value comes from the base recipe and was not checked; state "
+        "it so that check can vouch for the combination",
+        fix,
     )
 
 
