@@ -9,8 +9,12 @@ What each hook reads and does (Bridge fires them from ``train()`` and ``evaluate
 * ``on_train_step_start`` (has ``optimizer``): reset what a forced sync without a callback left
   behind (checkpoint save, weight-hash check) so this step gathers (C). A flag check otherwise.
 * ``on_train_step_end``: when the loop will force a param sync before the next step (eval,
-  periodic save, last iteration), stage the fresh main params now, so that the framework's own
-  forced all-gather collects weights, not gradients, and no second gather is needed (B).
+  periodic or non-persistent save, exit interval, last iteration), stage the fresh main params
+  now, so that the framework's own forced all-gather collects weights, not gradients, and no
+  second gather is needed (B). Saves the config cannot schedule (SIGTERM with
+  ``exit_signal_handler``, the ``exit_duration_in_mins`` deadline) are voted on: only when one of
+  those knobs is on, one 1-element all-reduce per step (the loop itself runs one per knob) makes
+  every rank agree that an exit save may follow, and they are handled like a scheduled save.
 * ``on_eval_start`` / ``on_test_start`` (no optimizer in the context: we kept it): make the
   weights the eval reads equal the main params, gathering only if the framework's gather was
   not fresh (B).
@@ -23,8 +27,11 @@ What each hook reads and does (Bridge fires them from ``train()`` and ``evaluate
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from ._adapter import bind_engine, check_job
 from ._log import log_rank_zero
@@ -33,6 +40,11 @@ from .sync import ParamSyncEngine, SyncStats, distributed_optimizers
 from .upstream import probe_live_bridge_loop
 
 __all__ = ["MXFP8ParamSyncCallback"]
+
+#: Stage on every step that ends within this many seconds (or three of the longest steps seen, if
+#: more) of ``exit_duration_in_mins``: the loop's decision is an all-reduce over the ranks' own
+#: clocks, so each rank stages a little early rather than risk one rank missing the last step.
+EXIT_DURATION_MARGIN_S = 120.0
 
 
 class MXFP8ParamSyncCallback:
@@ -44,6 +56,10 @@ class MXFP8ParamSyncCallback:
         prestage: stage main params at ``on_train_step_end`` ahead of a forced sync the loop is
             about to issue, so the framework's gather is the only one. ``False`` gathers again
             in ``on_eval_start`` (always correct, one extra all-gather per eval).
+        guard_exit_saves: with ``exit_signal_handler`` or ``exit_duration_in_mins`` on, vote
+            each step (one 1-element all-reduce) on whether an exit save may follow, and prepare
+            the weights for it. ``False``: such saves may hold gradients (core 0.18/0.19 with
+            Bridge < 0.6) or the previous step's weights (core < 0.18).
         refresh_at_train_end: make the weights current after the training loop.
         validate: check the config (Bridge's ``ConfigContainer``, else the live megatron-core
             configs) at train start with :func:`mbridge_mxfp8_plugin.validate.validate_config`.
@@ -55,6 +71,7 @@ class MXFP8ParamSyncCallback:
         *,
         repair_alignment: bool = True,
         prestage: bool = True,
+        guard_exit_saves: bool = True,
         refresh_at_train_end: bool = True,
         validate: bool = True,
         strict: bool = True,
@@ -63,6 +80,7 @@ class MXFP8ParamSyncCallback:
         self.validate = validate
         self.strict = strict
         self.prestage = prestage
+        self.guard_exit_saves = guard_exit_saves
         self.refresh_at_train_end = refresh_at_train_end
         self.engine: ParamSyncEngine | None = None
         self._model_key: tuple[int, ...] | None = None
@@ -72,6 +90,8 @@ class MXFP8ParamSyncCallback:
         self._loop_stages = False
         #: Bridge >= 0.5 fires on_checkpoint_save after each save (and we re-stage there)
         self._save_seen = False
+        self._last_step_end: float | None = None
+        self._longest_step_s = 0.0
         self.last_stats: SyncStats | None = None
         self.history: list[tuple[str, SyncStats]] = []
 
@@ -99,8 +119,9 @@ class MXFP8ParamSyncCallback:
     @staticmethod
     def _forced_syncs_ahead(context: Any) -> set[str]:
         """Forced param syncs Bridge's loop will issue before the next train step ("eval", "save",
-        "end"), predicted from the config the loop reads (train.py order: the step counter is
-        incremented after on_train_step_end, then eval, then checkpoint_and_decide_exit)."""
+        "end"), predicted from the config the loop reads, identically on every rank (train.py
+        order: the step counter is incremented after on_train_step_end, then eval, then
+        ``checkpoint_and_decide_exit``: regular save, elif non-persistent save, exit interval)."""
         state = getattr(context, "state", None)
         cfg = getattr(state, "cfg", None)
         train_state = getattr(state, "train_state", None)
@@ -115,13 +136,64 @@ class MXFP8ParamSyncCallback:
         if getattr(train_state, "do_valid", False) and eval_interval and nxt % eval_interval == 0:
             ahead.add("eval")
         ckpt = getattr(cfg, "checkpoint", None)
+        saving = bool(getattr(ckpt, "save", None))
         save_interval = getattr(ckpt, "save_interval", None)
-        if getattr(ckpt, "save", None) and save_interval and nxt % save_interval == 0:
+        non_persistent = getattr(ckpt, "non_persistent_save_interval", None)
+        if saving and save_interval and nxt % save_interval == 0:
+            ahead.add("save")
+        elif saving and non_persistent and nxt % non_persistent == 0:
             ahead.add("save")
         exit_interval = getattr(train, "exit_interval", None)
-        if nxt >= int(getattr(train, "train_iters", 0) or 0) or (exit_interval and nxt % exit_interval == 0):
+        exit_now = bool(exit_interval and nxt % exit_interval == 0)
+        last = nxt >= int(getattr(train, "train_iters", 0) or 0)
+        if exit_now or last:
             ahead.add("end")
+            # exit_interval saves unless this step already saved; Bridge >= 0.4 saves after the
+            # last step inside train() (0.3 after it, with no forced sync: one gather too many).
+            if saving and save_interval != 0:
+                ahead.add("save")
         return ahead
+
+    @staticmethod
+    def _exit_watched(context: Any) -> bool:
+        train = getattr(getattr(getattr(context, "state", None), "cfg", None), "train", None)
+        signal = getattr(train, "exit_signal_handler", False)
+        return bool(signal or getattr(train, "exit_duration_in_mins", None))
+
+    def _exit_vote(self, context: Any) -> bool:
+        """Whether any rank expects the loop to save and exit after this step. The loop decides
+        with its own collective later; deciding per rank here could make one rank gather while
+        another does not (a hang), so the ranks agree first."""
+        flag = torch.tensor(
+            [int(self._exit_near_locally(context))],
+            dtype=torch.int32,
+            device="cuda" if torch.distributed.get_backend() == "nccl" else "cpu",
+        )
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _exit_near_locally(self, context: Any) -> bool:
+        """A SIGTERM this rank has seen, or the ``exit_duration_in_mins`` deadline close."""
+        state = getattr(context, "state", None)
+        train = getattr(getattr(state, "cfg", None), "train", None)
+        if train is None:
+            return False
+        if getattr(train, "exit_signal_handler", False):
+            handler = getattr(state, "_signal_handler", None)  # not the property: it builds one
+            if getattr(handler, "_signal_received", False):
+                return True
+        minutes = getattr(train, "exit_duration_in_mins", None)
+        start = getattr(state, "start_time", None)
+        if minutes and isinstance(start, (int, float)):
+            margin = max(EXIT_DURATION_MARGIN_S, 3.0 * self._longest_step_s)
+            return time.time() - start >= 60.0 * float(minutes) - margin
+        return False
+
+    def _note_step_time(self) -> None:
+        now = time.monotonic()
+        if self._last_step_end is not None:
+            self._longest_step_s = max(self._longest_step_s, now - self._last_step_end)
+        self._last_step_end = now
 
     def _synced_by_framework(self, engine: ParamSyncEngine) -> bool:
         return engine.synced_without_gather_in_flight()
@@ -129,6 +201,7 @@ class MXFP8ParamSyncCallback:
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, context: Any) -> None:
         self._model_key = None
+        self._last_step_end, self._longest_step_s = None, 0.0
         engine = self._engine(context)
         if engine is not None:
             self._check_job(engine, context)
@@ -178,12 +251,22 @@ class MXFP8ParamSyncCallback:
         engine = self._engine(context)
         if engine is None or not engine.overlap:
             return
+        self._note_step_time()
         if self._loop_stages:
             self._staged_for_sync = True  # the loop stages before its forced sync (Bridge >= 0.6)
             return
         if not self.prestage:
             return
         ahead = self._forced_syncs_ahead(context)
+        if (
+            self.guard_exit_saves
+            and self._exit_watched(context)
+            and torch.distributed.is_initialized()
+            and self._exit_vote(context)
+        ):
+            ahead.add("end")
+            if getattr(getattr(context.state.cfg, "checkpoint", None), "save", None):
+                ahead.add("save")
         if "save" in ahead and not engine.behaviour.forced_sync_writes_back:
             # Core < 0.18 never writes a forced gather back and no callback fires before a save:
             # write the weights now and leave the gathered buffer for the save's own gather.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -76,6 +77,21 @@ class LoopSchedule:
     num_microbatches: int = 1
     #: ``cfg.train.check_weight_hash_across_dp_replicas_interval``: a forced sync with no callback.
     weight_hash_interval: int | None = None
+    #: ``cfg.checkpoint.non_persistent_save_interval`` (the ``elif`` after the regular save).
+    non_persistent_save_interval: int | None = None
+    #: ``cfg.train.exit_interval``: save (when saving is on) and leave the loop at these steps.
+    exit_interval: int | None = None
+    #: SIGTERM reaches every rank during this iteration (0-based), i.e. before its
+    #: ``on_train_step_end``; ``cfg.train.exit_signal_handler`` is on whenever this is set.
+    signal_at_iteration: int | None = None
+    #: ``cfg.train.exit_duration_in_mins`` runs out during this iteration (0-based).
+    exit_duration_at_iteration: int | None = None
+    #: ``cfg.checkpoint.save`` without any interval: only exit/end-of-run saves.
+    save_on_exit: bool = False
+
+    @property
+    def saves(self) -> bool:
+        return bool(self.save_interval or self.non_persistent_save_interval or self.save_on_exit)
 
 
 @dataclass
@@ -177,11 +193,15 @@ def _make_state(schedule: LoopSchedule, order: LoopOrder | None = None) -> Any:
         # 0.4+: deprecated copies, None unless set (0.4.2 config.py L549-552).
         eval_interval=None if order.validation_config else schedule.eval_interval,
         eval_iters=None if order.validation_config else schedule.eval_iters,
-        exit_interval=None,
+        exit_interval=schedule.exit_interval,
+        exit_signal_handler=schedule.signal_at_iteration is not None,
+        exit_duration_in_mins=None if schedule.exit_duration_at_iteration is None else _EXIT_DURATION_MINS,
         skip_train=False,
     )
     ckpt = SimpleNamespace(
-        save="/tmp/replica" if schedule.save_interval else None, save_interval=schedule.save_interval
+        save="/tmp/replica" if schedule.saves else None,
+        save_interval=schedule.save_interval,
+        non_persistent_save_interval=schedule.non_persistent_save_interval,
     )
     cfg = SimpleNamespace(train=train, checkpoint=ckpt)
     if order.validation_config:
@@ -191,7 +211,30 @@ def _make_state(schedule: LoopSchedule, order: LoopOrder | None = None) -> Any:
             start_eval_at_iter=None,
             skip_train=False,
         )
-    return SimpleNamespace(cfg=cfg, train_state=SimpleNamespace(step=0, do_valid=True, do_test=False))
+    return SimpleNamespace(
+        cfg=cfg,
+        train_state=SimpleNamespace(step=0, do_valid=True, do_test=False),
+        start_time=time.time(),  # GlobalState.start_time (0.3.1 state.py L133)
+        # GlobalState._signal_handler (lazily built by the signal_handler property, 0.3.1 L327-331)
+        _signal_handler=_SignalHandler() if schedule.signal_at_iteration is not None else None,
+    )
+
+
+_EXIT_DURATION_MINS = 60.0
+
+
+class _SignalHandler:
+    """``DistributedSignalHandler`` (utils/sig_utils.py, 0.3.1 L93-141): the handler sets a local
+    flag; ``signals_received()`` all-gathers it (a real collective, as in Bridge)."""
+
+    def __init__(self) -> None:
+        self._signal_received = False
+
+    def signals_received(self) -> list[bool]:
+        flag = torch.tensor([int(self._signal_received)], dtype=torch.int32, device="cuda")
+        out = [torch.zeros_like(flag) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(out, flag)
+        return [bool(t.item()) for t in out]
 
 
 # -- train.py helpers (0.3.1: L935-966; 0.6.2: L1134-1173) ------------------------------------
@@ -362,6 +405,37 @@ def _save(job: Job, order: LoopOrder, fire: Any, record: RunRecord, key: int, *,
         fire("on_checkpoint_save", optimizer=job.optimizer)
 
 
+def _checkpoint_and_decide_exit(job: Job, order: LoopOrder, fire: Any, record: RunRecord, state: Any) -> bool:
+    """``checkpoint_and_decide_exit`` (0.3.1 L1130-1263, 0.6.2 L1362-1500; same branches in all four):
+    signal -> save + exit; regular save, elif non-persistent save; duration -> save unless saved +
+    exit; exit_interval -> save unless saved + exit. Every save is ``save_checkpoint_and_time``."""
+    train, ckpt, step = state.cfg.train, state.cfg.checkpoint, state.train_state.step
+    if train.exit_signal_handler and any(state._signal_handler.signals_received()):
+        if ckpt.save:
+            _save(job, order, fire, record, step)
+        return True
+    saved = False
+    if ckpt.save and ckpt.save_interval and step % ckpt.save_interval == 0:
+        _save(job, order, fire, record, step)
+        saved = True
+    elif ckpt.save and ckpt.non_persistent_save_interval and step % ckpt.non_persistent_save_interval == 0:
+        _save(job, order, fire, record, step)
+        saved = True
+    if train.exit_duration_in_mins:
+        over = (time.time() - state.start_time) / 60.0 > train.exit_duration_in_mins
+        done = torch.tensor([int(over)], dtype=torch.int, device="cuda")
+        torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MAX)
+        if done.item():
+            if ckpt.save and not saved:
+                _save(job, order, fire, record, step)
+            return True
+    if train.exit_interval and step % train.exit_interval == 0:
+        if ckpt.save and not saved:
+            _save(job, order, fire, record, step)
+        return True
+    return False
+
+
 def train(
     job: Job,
     schedule: LoopSchedule,
@@ -391,7 +465,6 @@ def train(
     record = RunRecord()
     eval_batches = make_batches(job.toy, schedule.eval_iters, rank=rank, world=world, salt=99991)
     stage_opt = optimizer if order.optimizer_prepares_sync else None
-    save_interval = schedule.save_interval
     hash_interval = getattr(schedule, "weight_hash_interval", None)
 
     def fire(event: str, **extra: Any) -> None:
@@ -414,11 +487,16 @@ def train(
         if not order.on_train_start_before_disable:
             fire("on_train_start", optimizer=optimizer)  # 0.3.1 L270-279
         start_iteration = state.train_state.step
+        should_exit = False
         while state.train_state.step < schedule.train_iters:
             it = state.train_state.step
             fire("on_train_step_start", optimizer=optimizer)  # 0.3.1 L351, 0.6.2 L454
             batches = make_batches(job.toy, schedule.num_microbatches, rank=rank, world=world, salt=it)
             record.train_losses.append(train_step(job, batches))
+            if it == schedule.signal_at_iteration:  # SIGTERM arrives while the step runs
+                state._signal_handler._signal_received = True
+            if it == schedule.exit_duration_at_iteration:  # the time budget runs out during the step
+                state.start_time = time.time() - 60.0 * _EXIT_DURATION_MINS - 1.0
             fire("on_train_step_end", optimizer=optimizer)  # 0.3.1 L385, 0.6.2 L497
             if it == start_iteration and toggle and not pre_hook_enabled:  # 0.3.1 L419-436, 0.6.2 L535-549
                 enable_forward_pre_hook(model)
@@ -452,20 +530,28 @@ def train(
                 record.hashed_weights[step] = _weights(model)
                 if toggle:
                     enable_forward_pre_hook(model)
-            # checkpoint_and_decide_exit (0.3.1 L1130-1263): regular save at save_interval.
-            if save_interval and step % save_interval == 0:
-                _save(job, order, fire, record, step)
-        # End-of-run save when the last step was not saved (0.4.2 L600-616, 0.6.2 L748-767).
+            should_exit = _checkpoint_and_decide_exit(job, order, fire, record, state)
+            if should_exit:
+                break
+        # End-of-run save when training completed normally and the last step was not saved
+        # (0.4.2 L595-613, 0.5.1 L733-751, 0.6.2 L749-770).
+        ckpt = state.cfg.checkpoint
         if (
             order.final_save_in_train
-            and save_interval
+            and not should_exit
+            and ckpt.save
             and state.train_state.step != 0
-            and state.train_state.step % save_interval != 0
+            and ckpt.save_interval != 0
+            and (ckpt.save_interval is None or state.train_state.step % ckpt.save_interval != 0)
         ):
             _save(job, order, fire, record, -1)
         if pre_hook_enabled:  # 0.3.1 L594-595, 0.6.2 L776-777 (optimizer=optimizer)
             disable_forward_pre_hook(model, optimizer=stage_opt)
             record.events.append("disable_forward_pre_hook(final)")
+        if should_exit:  # 0.3.1 L613-624, 0.6.2 L795-805: sys.exit before on_train_end
+            record.events.append("sys.exit")
+            record.final_weights = _weights(model)
+            return record
         fire("on_train_end", optimizer=optimizer)  # 0.3.1 L626, 0.4.2 L658, 0.5.1 L795, 0.6.2 L810
     finally:
         for k, v in saved_modules.items():
@@ -474,7 +560,9 @@ def train(
             else:
                 sys.modules[k] = v
     # pretrain.py 0.3.1 L157-166: end-of-run save_checkpoint, no forced sync, after train().
-    if not order.final_save_in_train and save_interval and state.train_state.step != 0:
+    ckpt = state.cfg.checkpoint
+    step = state.train_state.step
+    if not order.final_save_in_train and ckpt.save and step != 0 and ckpt.save_interval != 0:
         _save(job, order, fire, record, -1, forced=False)
     if run_test:  # pretrain.py (0.3.1 L190-201): test evaluation after train(), no hook toggling
         record.eval_losses[-1] = evaluate_and_print_results(

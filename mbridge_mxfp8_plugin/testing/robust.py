@@ -88,6 +88,8 @@ class Case:
     loop: str | None = None
     modes: tuple[str, ...] = ("reference", "mxfp8", "plugin")
     keep_weights: bool = False
+    #: keyword arguments for ``MXFP8ParamSyncCallback`` (pairs, so the case stays hashable)
+    callback_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.flow not in FLOWS:
@@ -305,13 +307,16 @@ def _run_mode(case: Case, mode: str) -> CaseRun:
 
     from .bridge_loop import evaluate_only, train
 
+    def make() -> Any:
+        return MXFP8ParamSyncCallback(**dict(case.callback_options))
+
     out = CaseRun()
     sched, loop = case.schedule, case.loop
     instances: list[Any] = []
     try:
         job = _build(case, mode)
         out.info = layout_info(job)
-        cbs, instances = _callbacks(case, mode, MXFP8ParamSyncCallback)
+        cbs, instances = _callbacks(case, mode, make)
         if case.flow == "train":
             rec = train(job, sched, cbs, run_test=case.run_test, loop=loop)
             out.train_losses, out.eval_losses = rec.train_losses, dict(rec.eval_losses)
@@ -353,7 +358,7 @@ def _run_mode(case: Case, mode: str) -> CaseRun:
             _record_events(out, instances)
             job = _build(case, mode)  # a fresh process would rebuild everything
             _load_checkpoint(job, saved, opt_state)
-            cbs, instances = _callbacks(case, mode, MXFP8ParamSyncCallback)
+            cbs, instances = _callbacks(case, mode, make)
             with _start_at(k):
                 rec = train(job, sched, cbs, run_test=case.run_test, loop=loop)
             out.train_losses = rec1.train_losses + rec.train_losses
