@@ -6,7 +6,7 @@ set -uo pipefail
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 export NO_VCS_VERSION=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-STAGES=${STAGES:-"tier0161 tier0192 bench"}
+STAGES=${STAGES:-"tier0161 tier0192 exits bench"}
 for spec in core0161:megatron_core-0.16.1 core0192:megatron_core-0.19.2 \
             bridge031:megatron_bridge-0.3.1 bridge062:megatron_bridge-0.6.2; do
   dir=/tmp/${spec%%:*}; [ -d "$dir" ] || python3 -m pip install -q --no-index --no-deps --no-compile \
@@ -20,6 +20,12 @@ for stage in $STAGES; do
                 tests/test_gpu_tier.py 2>&1 | tee "$OUT/gpu_tier_core0161.log" ;;
     tier0192) PYTHONPATH=/tmp/core0192:/tmp/bridge062:. MXFP8_BRIDGE_LOOP=0.6.2 python3 -m pytest -m gpu -v \
                 -p no:cacheprovider tests/test_gpu_tier.py 2>&1 | tee "$OUT/gpu_tier_core0192.log" ;;
+    exits) for spec in core0161:bridge031: core0192:bridge062:0.5.1 core0192:bridge062:0.6.2; do
+             IFS=: read -r core bridge loop <<< "$spec"
+             echo "== megatron-core ${core#core}, Bridge loop ${loop:-0.3.1 + 0.4.2}"
+             PYTHONPATH=/tmp/$core:/tmp/$bridge:. MXFP8_BRIDGE_LOOP=$loop python3 -m pytest -v -rs \
+               -p no:cacheprovider tests/test_exit_saves.py 2>&1
+           done | tee "$OUT/gpu_exit_saves.log" ;;
     bench) python3 benchmarks/eval_sync.py run --sizes "${SIZES:-125M,1B,4B}" --out "$OUT" \
                 --core 0.16.1=/tmp/core0161:/tmp/bridge031 --core 0.19.2=/tmp/core0192:/tmp/bridge062 \
                 2>&1 | grep -v -i warn | tee "$OUT/eval_sync.log" ;;
