@@ -24,14 +24,18 @@ from mbridge_mxfp8_plugin.bridge import EXIT_DURATION_MARGIN_S
 from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
 from mbridge_mxfp8_plugin.testing.robust import Case, run_cases
 
-#: the matrix runs each cell's own loop; the main tier the two orders core <= 0.16 meets
-LOOPS = [os.environ["MXFP8_BRIDGE_LOOP"]] if os.environ.get("MXFP8_BRIDGE_LOOP") else ["0.3.1", "0.4.2"]
+#: the matrix runs each cell's own loop; the main tier three orders (0.5.1: on_checkpoint_save)
+LOOPS = (
+    [os.environ["MXFP8_BRIDGE_LOOP"]] if os.environ.get("MXFP8_BRIDGE_LOOP") else ["0.3.1", "0.4.2", "0.5.1"]
+)
 BASE = LoopSchedule(train_iters=8, eval_interval=3, eval_iters=1)
 SCHEDULES = {
     "non_persistent": replace(BASE, non_persistent_save_interval=2),
     "exit_interval": replace(BASE, exit_interval=5, save_on_exit=True),
     "sigterm": replace(BASE, signal_at_iteration=4, save_on_exit=True),
     "exit_duration": replace(BASE, exit_duration_at_iteration=4, save_on_exit=True),
+    # not an exit save: on_checkpoint_save (Bridge >= 0.5) fires when the async save is finalized
+    "async_interval": replace(BASE, save_interval=4, async_save=True),
 }
 #: steps whose end the loop saves at, from Bridge's checkpoint_and_decide_exit (-1: end of run)
 SAVED_AT = {
@@ -39,6 +43,7 @@ SAVED_AT = {
     "exit_interval": [5],
     "sigterm": [5],
     "exit_duration": [5],
+    "async_interval": [4, 8],
 }
 EXITS = {"exit_interval", "sigterm", "exit_duration"}
 
@@ -89,7 +94,9 @@ def test_loop_saves_and_exits_like_bridge(runs, name, loop):
     for mode in ("reference", "mxfp8", "plugin"):
         run = runs[f"{name}@{loop}"][mode]
         assert run.error is None, run.traceback
-        assert sorted(run.saved_weights) == SAVED_AT[name], mode
+        # 0.3's pretrain.py saves once more after train() (L158) even when the last step saved
+        extra = [-1] if loop.startswith("0.3") and name not in EXITS and -1 not in SAVED_AT[name] else []
+        assert sorted(run.saved_weights) == sorted(SAVED_AT[name] + extra), mode
         assert len(run.train_losses) == (5 if name in EXITS else BASE.train_iters), mode
 
 
@@ -162,3 +169,13 @@ def test_scheduled_saves_predicted(step, ckpt, exit_interval, want):
         state=SimpleNamespace(cfg=cfg, train_state=SimpleNamespace(step=step, do_valid=True))
     )
     assert MXFP8ParamSyncCallback._forced_syncs_ahead(ctx) == want
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_losses_match_reference_with_plugin(runs, name, loop):
+    ref, on = runs[f"{name}@{loop}"]["reference"], runs[f"{name}@{loop}"]["plugin"]
+    assert len(on.train_losses) == len(ref.train_losses)
+    assert max(abs(a - b) for a, b in zip(on.train_losses, ref.train_losses, strict=True)) <= 1e-4
+    assert on.eval_losses.keys() == ref.eval_losses.keys()
+    assert all(abs(on.eval_losses[k] - ref.eval_losses[k]) <= 1e-4 for k in ref.eval_losses)

@@ -88,6 +88,9 @@ class LoopSchedule:
     exit_duration_at_iteration: int | None = None
     #: ``cfg.checkpoint.save`` without any interval: only exit/end-of-run saves.
     save_on_exit: bool = False
+    #: ``cfg.checkpoint.async_save``: Bridge >= 0.5 fires ``on_checkpoint_save`` when the save is
+    #: finalized, at the top of a later iteration or after the closing disable (0.5.1 L359/L767).
+    async_save: bool = False
 
     @property
     def saves(self) -> bool:
@@ -202,6 +205,7 @@ def _make_state(schedule: LoopSchedule, order: LoopOrder | None = None) -> Any:
         save="/tmp/replica" if schedule.saves else None,
         save_interval=schedule.save_interval,
         non_persistent_save_interval=schedule.non_persistent_save_interval,
+        async_save=schedule.async_save,
     )
     cfg = SimpleNamespace(train=train, checkpoint=ckpt)
     if order.validation_config:
@@ -217,7 +221,19 @@ def _make_state(schedule: LoopSchedule, order: LoopOrder | None = None) -> Any:
         start_time=time.time(),  # GlobalState.start_time (0.3.1 state.py L133)
         # GlobalState._signal_handler (lazily built by the signal_handler property, 0.3.1 L327-331)
         _signal_handler=_SignalHandler() if schedule.signal_at_iteration is not None else None,
+        # finalize functions of async saves not yet finalized (AsyncRequest.add_finalize_fn)
+        async_pending=[] if schedule.async_save else None,
     )
+
+
+def _finalize_async_saves(state: Any, record: RunRecord) -> None:
+    """``checkpoint_manager.finalize_async_saves`` (0.5.1 L359 non-blocking at the top of each
+    iteration, L767/L783 blocking after the closing disable; 0.6.2 L389/L782/L798): the write is
+    taken to have finished by the next call, so every queued finalize function runs there."""
+    pending = state.async_pending
+    while pending:
+        pending.pop(0)()
+        record.events.append("finalize_async_save")
 
 
 _EXIT_DURATION_MINS = 60.0
@@ -384,7 +400,16 @@ def evaluate_and_print_results(
     return loss
 
 
-def _save(job: Job, order: LoopOrder, fire: Any, record: RunRecord, key: int, *, forced: bool = True) -> None:
+def _save(
+    job: Job,
+    order: LoopOrder,
+    fire: Any,
+    record: RunRecord,
+    key: int,
+    *,
+    forced: bool = True,
+    pending: list[Any] | None = None,
+) -> None:
     """``save_checkpoint_and_time`` (0.3.1 L1055-1127, 0.4.2 L1092, 0.5.1 L1241-1331, 0.6.2 L1269-1359).
 
     No callback before the write in any release; the pre-hooks stay enabled. ``forced=False`` is
@@ -402,7 +427,10 @@ def _save(job: Job, order: LoopOrder, fire: Any, record: RunRecord, key: int, *,
                 chunk.free_overlap_buffers()
     record.saved_weights[key] = _weights(model)  # what dist-checkpointing writes: param.data
     if order.fires_on_checkpoint_save:  # 0.5.1 checkpointing.py L1243-1261 (sync save)
-        fire("on_checkpoint_save", optimizer=job.optimizer)
+        if pending is None:
+            fire("on_checkpoint_save", optimizer=job.optimizer)
+        else:  # async: add_finalize_fn(fire_callback), L1258
+            pending.append(lambda: fire("on_checkpoint_save", optimizer=job.optimizer))
 
 
 def _checkpoint_and_decide_exit(job: Job, order: LoopOrder, fire: Any, record: RunRecord, state: Any) -> bool:
@@ -412,14 +440,14 @@ def _checkpoint_and_decide_exit(job: Job, order: LoopOrder, fire: Any, record: R
     train, ckpt, step = state.cfg.train, state.cfg.checkpoint, state.train_state.step
     if train.exit_signal_handler and any(state._signal_handler.signals_received()):
         if ckpt.save:
-            _save(job, order, fire, record, step)
+            _save(job, order, fire, record, step, pending=state.async_pending)
         return True
     saved = False
     if ckpt.save and ckpt.save_interval and step % ckpt.save_interval == 0:
-        _save(job, order, fire, record, step)
+        _save(job, order, fire, record, step, pending=state.async_pending)
         saved = True
     elif ckpt.save and ckpt.non_persistent_save_interval and step % ckpt.non_persistent_save_interval == 0:
-        _save(job, order, fire, record, step)
+        _save(job, order, fire, record, step, pending=state.async_pending)
         saved = True
     if train.exit_duration_in_mins:
         over = (time.time() - state.start_time) / 60.0 > train.exit_duration_in_mins
@@ -427,11 +455,11 @@ def _checkpoint_and_decide_exit(job: Job, order: LoopOrder, fire: Any, record: R
         torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MAX)
         if done.item():
             if ckpt.save and not saved:
-                _save(job, order, fire, record, step)
+                _save(job, order, fire, record, step, pending=state.async_pending)
             return True
     if train.exit_interval and step % train.exit_interval == 0:
         if ckpt.save and not saved:
-            _save(job, order, fire, record, step)
+            _save(job, order, fire, record, step, pending=state.async_pending)
         return True
     return False
 
@@ -490,6 +518,7 @@ def train(
         should_exit = False
         while state.train_state.step < schedule.train_iters:
             it = state.train_state.step
+            _finalize_async_saves(state, record)
             fire("on_train_step_start", optimizer=optimizer)  # 0.3.1 L351, 0.6.2 L454
             batches = make_batches(job.toy, schedule.num_microbatches, rank=rank, world=world, salt=it)
             record.train_losses.append(train_step(job, batches))
@@ -544,10 +573,11 @@ def train(
             and ckpt.save_interval != 0
             and (ckpt.save_interval is None or state.train_state.step % ckpt.save_interval != 0)
         ):
-            _save(job, order, fire, record, -1)
+            _save(job, order, fire, record, -1, pending=state.async_pending)
         if pre_hook_enabled:  # 0.3.1 L594-595, 0.6.2 L776-777 (optimizer=optimizer)
             disable_forward_pre_hook(model, optimizer=stage_opt)
             record.events.append("disable_forward_pre_hook(final)")
+        _finalize_async_saves(state, record)  # blocking, before on_train_end / sys.exit
         if should_exit:  # 0.3.1 L613-624, 0.6.2 L795-805: sys.exit before on_train_end
             record.events.append("sys.exit")
             record.final_weights = _weights(model)
