@@ -117,11 +117,12 @@ class MXFP8ParamSyncCallback:
         self.history.append((event, stats))
 
     @staticmethod
-    def _forced_syncs_ahead(context: Any) -> set[str]:
+    def _forced_syncs_ahead(context: Any, exit_expected: bool = False) -> set[str]:
         """Forced param syncs Bridge's loop will issue before the next train step ("eval", "save",
         "end"), predicted from the config the loop reads, identically on every rank (train.py
         order: the step counter is incremented after on_train_step_end, then eval, then
-        ``checkpoint_and_decide_exit``: regular save, elif non-persistent save, exit interval)."""
+        ``checkpoint_and_decide_exit``: regular save, elif non-persistent save, exit interval).
+        ``exit_expected``: the ranks voted that a SIGTERM / time-limit exit may follow."""
         state = getattr(context, "state", None)
         cfg = getattr(state, "cfg", None)
         train_state = getattr(state, "train_state", None)
@@ -146,12 +147,13 @@ class MXFP8ParamSyncCallback:
         exit_interval = getattr(train, "exit_interval", None)
         exit_now = bool(exit_interval and nxt % exit_interval == 0)
         last = nxt >= int(getattr(train, "train_iters", 0) or 0)
-        if exit_now or last:
+        if exit_now or exit_expected or last:
             ahead.add("end")
-            # exit_interval saves unless this step already saved; Bridge >= 0.4 saves after the
-            # last step inside train() (0.3 after it, with no forced sync: one gather too many).
-            if saving and save_interval != 0:
-                ahead.add("save")
+        # Every exit saves when saving is on (unless this step already saved); Bridge >= 0.4 also
+        # saves after the last step inside train() unless save_interval == 0 (0.3 saves after
+        # train() with no forced sync: one gather too many there).
+        if saving and (exit_now or exit_expected or (last and save_interval != 0)):
+            ahead.add("save")
         return ahead
 
     @staticmethod
@@ -251,22 +253,16 @@ class MXFP8ParamSyncCallback:
         engine = self._engine(context)
         if engine is None or not engine.overlap:
             return
-        self._note_step_time()
         if self._loop_stages:
             self._staged_for_sync = True  # the loop stages before its forced sync (Bridge >= 0.6)
             return
         if not self.prestage:
             return
-        ahead = self._forced_syncs_ahead(context)
-        if (
-            self.guard_exit_saves
-            and self._exit_watched(context)
-            and torch.distributed.is_initialized()
-            and self._exit_vote(context)
-        ):
-            ahead.add("end")
-            if getattr(getattr(context.state.cfg, "checkpoint", None), "save", None):
-                ahead.add("save")
+        exit_expected = False
+        if self.guard_exit_saves and self._exit_watched(context) and torch.distributed.is_initialized():
+            self._note_step_time()
+            exit_expected = self._exit_vote(context)
+        ahead = self._forced_syncs_ahead(context, exit_expected)
         if "save" in ahead and not engine.behaviour.forced_sync_writes_back:
             # Core < 0.18 never writes a forced gather back and no callback fires before a save:
             # write the weights now and leave the gathered buffer for the save's own gather.

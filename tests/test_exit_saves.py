@@ -159,6 +159,7 @@ def test_local_exit_expectation():
         (2, {"save": "/ckpt", "non_persistent_save_interval": 2}, None, set()),
         (4, {"save": "/ckpt"}, 5, {"save", "end"}),
         (4, {"save": None}, 5, {"end"}),
+        (4, {"save": "/ckpt", "save_interval": 0}, 5, {"save", "end"}),  # exit saves regardless
         (8, {"save": "/ckpt", "save_interval": 0}, None, {"end"}),  # save_interval=0: no final save
     ],
 )
