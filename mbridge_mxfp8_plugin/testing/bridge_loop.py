@@ -438,16 +438,20 @@ def _checkpoint_and_decide_exit(job: Job, order: LoopOrder, fire: Any, record: R
     signal -> save + exit; regular save, elif non-persistent save; duration -> save unless saved +
     exit; exit_interval -> save unless saved + exit. Every save is ``save_checkpoint_and_time``."""
     train, ckpt, step = state.cfg.train, state.cfg.checkpoint, state.train_state.step
+
+    def save() -> None:
+        _save(job, order, fire, record, step, pending=state.async_pending)
+
     if train.exit_signal_handler and any(state._signal_handler.signals_received()):
         if ckpt.save:
-            _save(job, order, fire, record, step, pending=state.async_pending)
+            save()
         return True
     saved = False
     if ckpt.save and ckpt.save_interval and step % ckpt.save_interval == 0:
-        _save(job, order, fire, record, step, pending=state.async_pending)
+        save()
         saved = True
     elif ckpt.save and ckpt.non_persistent_save_interval and step % ckpt.non_persistent_save_interval == 0:
-        _save(job, order, fire, record, step, pending=state.async_pending)
+        save()
         saved = True
     if train.exit_duration_in_mins:
         over = (time.time() - state.start_time) / 60.0 > train.exit_duration_in_mins
@@ -455,11 +459,11 @@ def _checkpoint_and_decide_exit(job: Job, order: LoopOrder, fire: Any, record: R
         torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MAX)
         if done.item():
             if ckpt.save and not saved:
-                _save(job, order, fire, record, step, pending=state.async_pending)
+                save()
             return True
     if train.exit_interval and step % train.exit_interval == 0:
         if ckpt.save and not saved:
-            _save(job, order, fire, record, step, pending=state.async_pending)
+            save()
         return True
     return False
 
