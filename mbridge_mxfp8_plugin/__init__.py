@@ -1,30 +1,75 @@
 """MXFP8 param-gather fixes for megatron-core / Megatron-Bridge.
 
-Public API. Importing this package imports neither Megatron-Bridge nor Lightning; megatron-core
-is imported lazily, when a callback first sees a model.
+Public API. Importing this package imports nothing heavy: each name below is loaded on first
+use (PEP 562), so ``mxfp8-plugin check`` and ``doctor`` on a login node never pay for torch or
+megatron-core, and neither Megatron-Bridge nor Lightning is imported by the package at all.
 """
 
-from .bridge import MXFP8ParamSyncCallback
-from .buckets import AlignmentReport, check_bucket_alignment
-from .errors import MXFP8AlignmentError, MXFP8ConfigError, MXFP8PluginError, MXFP8UsageError
-from .sync import ParamSyncEngine, SyncStats
-from .upstream import CoreBehaviour, probe_core
-from .validate import ValidationReport, validate_config
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AlignmentReport",
     "CoreBehaviour",
     "MXFP8AlignmentError",
     "MXFP8ConfigError",
+    "MXFP8ParamSync",
     "MXFP8ParamSyncCallback",
     "MXFP8PluginError",
     "MXFP8UsageError",
     "ParamSyncEngine",
+    "PluginOptions",
     "SyncStats",
     "check_bucket_alignment",
+    "mxfp8_param_sync",
     "probe_core",
     "validate_config",
     "ValidationReport",
 ]
 
 __version__ = "0.1.0"
+
+#: public name -> the submodule that defines it
+_WHERE = {
+    "AlignmentReport": "buckets",
+    "check_bucket_alignment": "buckets",
+    "CoreBehaviour": "upstream",
+    "probe_core": "upstream",
+    "MXFP8AlignmentError": "errors",
+    "MXFP8ConfigError": "errors",
+    "MXFP8PluginError": "errors",
+    "MXFP8UsageError": "errors",
+    "MXFP8ParamSyncCallback": "bridge",
+    "MXFP8ParamSync": "api",
+    "mxfp8_param_sync": "api",
+    "ParamSyncEngine": "sync",
+    "SyncStats": "sync",
+    "PluginOptions": "options",
+    "validate_config": "validate",
+    "ValidationReport": "validate",
+}
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .api import MXFP8ParamSync, mxfp8_param_sync
+    from .bridge import MXFP8ParamSyncCallback
+    from .buckets import AlignmentReport, check_bucket_alignment
+    from .errors import MXFP8AlignmentError, MXFP8ConfigError, MXFP8PluginError, MXFP8UsageError
+    from .options import PluginOptions
+    from .sync import ParamSyncEngine, SyncStats
+    from .upstream import CoreBehaviour, probe_core
+    from .validate import ValidationReport, validate_config
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -76,7 +76,7 @@ def check_job(
         )
     if not validate:
         return
-    from .validate import validate_live_job
+    from .live_check import validate_live_job
 
     report = validate_live_job(
         engine.model_chunks, engine.optimizer, container=container, plugin=plugin, strict=strict

@@ -36,6 +36,7 @@ import torch
 from ._adapter import bind_engine, check_job
 from ._log import log_rank_zero
 from .errors import MXFP8UsageError
+from .options import PluginOptions
 from .sync import ParamSyncEngine, SyncStats, distributed_optimizers
 from .upstream import probe_live_bridge_loop
 
@@ -51,6 +52,8 @@ class MXFP8ParamSyncCallback:
     """Keeps MXFP8 params correct around eval, test and checkpoint saves in Megatron-Bridge.
 
     Args:
+        options: a :class:`~mbridge_mxfp8_plugin.options.PluginOptions` (e.g. a recipe's
+            ``mxfp8_plugin:`` section); the keywords below override single fields of it.
         repair_alignment: rewrite wrong bucket offsets (defect A) at train start. With ``False``
             a wrong offset raises instead.
         prestage: stage main params at ``on_train_step_end`` ahead of a forced sync the loop is
@@ -62,26 +65,36 @@ class MXFP8ParamSyncCallback:
             Bridge < 0.6) or the previous step's weights (core < 0.18).
         refresh_at_train_end: make the weights current after the training loop.
         validate: check the config (Bridge's ``ConfigContainer``, else the live megatron-core
-            configs) at train start with :func:`mbridge_mxfp8_plugin.validate.validate_config`.
+            configs) at train start (:func:`mbridge_mxfp8_plugin.live_check.validate_live_job`).
         strict: raise :class:`~mbridge_mxfp8_plugin.MXFP8ConfigError` on rule errors (else log them).
     """
 
     def __init__(
         self,
+        options: PluginOptions | None = None,
         *,
-        repair_alignment: bool = True,
-        prestage: bool = True,
-        guard_exit_saves: bool = True,
-        refresh_at_train_end: bool = True,
-        validate: bool = True,
-        strict: bool = True,
+        repair_alignment: bool | None = None,
+        prestage: bool | None = None,
+        guard_exit_saves: bool | None = None,
+        refresh_at_train_end: bool | None = None,
+        validate: bool | None = None,
+        strict: bool | None = None,
     ) -> None:
-        self.repair_alignment = repair_alignment
-        self.validate = validate
-        self.strict = strict
-        self.prestage = prestage
-        self.guard_exit_saves = guard_exit_saves
-        self.refresh_at_train_end = refresh_at_train_end
+        # One options type for every entry point; a keyword given here wins over ``options``.
+        self.options = (options or PluginOptions()).replace(
+            repair_alignment=repair_alignment,
+            prestage=prestage,
+            guard_exit_saves=guard_exit_saves,
+            refresh_at_train_end=refresh_at_train_end,
+            validate=validate,
+            strict=strict,
+        )
+        self.repair_alignment = self.options.repair_alignment
+        self.validate = self.options.validate
+        self.strict = self.options.strict
+        self.prestage = self.options.prestage
+        self.guard_exit_saves = self.options.guard_exit_saves
+        self.refresh_at_train_end = self.options.refresh_at_train_end
         self.engine: ParamSyncEngine | None = None
         self._model_key: tuple[int, ...] | None = None
         self._inactive_reason: str | None = None

@@ -1,8 +1,11 @@
 """``mxfp8-plugin check RECIPE.yaml [dotted.key=value ...] [--dp-size N] [--json]``.
 
 Meant for a login node or CI, before a job is queued: needs neither GPUs nor Transformer
-Engine nor an importable Megatron-Bridge. Exit codes: 0 no errors (warnings allowed unless
-``--fail-on-warning``), 1 the config has errors, 2 the input could not be read. Never a
+Engine nor an importable Megatron-Bridge, and imports neither torch nor megatron-core (the
+installed releases are read from their files). The recipe is read with Megatron-Bridge's own
+readers, OmegaConf and Hydra's override grammar (:mod:`.config.read`). Exit codes: 0 no
+errors (warnings allowed unless ``--fail-on-warning``), 1 the config has errors, 2 the input
+could not be read. Never a
 traceback for bad input: every message names the file or knob and says what was expected.
 """
 
@@ -11,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from typing import Any, TextIO
 
 __all__ = ["add_check_parser", "run_check"]
@@ -59,28 +61,30 @@ def run_check(
     installed: Any = None,
 ) -> int:
     """The command's body, callable from tests; returns the exit code."""
+    from .config.read import RecipeError, read_recipe_file
     from .errors import MXFP8PluginError
-    from .recipes import RecipeError, read_recipe
 
     out = out or sys.stdout
     err = err or sys.stderr
-    try:
-        data = read_recipe(recipe, overrides or ())
-    except RecipeError as exc:
-        _emit_unreadable(str(exc), as_json, out, err)
-        return EXIT_UNREADABLE
     if dp_size is not None and dp_size < 1:
         _emit_unreadable(f"--dp-size must be >= 1, got {dp_size}", as_json, out, err)
+        return EXIT_UNREADABLE
+    try:
+        recipe_input = read_recipe_file(recipe, overrides or ())
+    except RecipeError as exc:
+        _emit_unreadable(str(exc), as_json, out, err)
         return EXIT_UNREADABLE
     from .validate import validate_config
 
     try:
-        with warnings.catch_warnings():  # megatron-core warns about missing TE/Apex at import
-            warnings.simplefilter("ignore")
-            report = validate_config(data, dp_size=dp_size, strict=False, installed=installed)
+        report = validate_config(recipe_input.data, dp_size=dp_size, strict=False, installed=installed)
     except MXFP8PluginError as exc:  # pragma: no cover - read_config raises only for programming errors
         _emit_unreadable(str(exc), as_json, out, err)
         return EXIT_UNREADABLE
+    for key, expr in recipe_input.base_refs.items():
+        report.skipped.append(f"{key} = {expr}: an interpolation into the base recipe (not in this file)")
+    for key in recipe_input.base_deletions:
+        report.skipped.append(f"~{key}: deletes a key of the base recipe (not in this file)")
     if as_json:
         payload = report.as_dict()
         payload["recipe"] = recipe

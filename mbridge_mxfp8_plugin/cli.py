@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
+
+#: subcommand -> (module, function adding its parser); a module is imported only when its
+#: subcommand runs (or for ``--help``), so ``check`` never pays for what ``demo`` needs.
+_SUBCOMMANDS = {
+    "demo": ("cli", "_add_demo_parser"),
+    "check": ("check", "add_check_parser"),
+    "doctor": ("doctor", "add_doctor_parser"),
+}
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -16,32 +25,31 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mxfp8-plugin", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_demo_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     demo = sub.add_parser("demo", help="reference vs plugin off vs plugin on, on CPU with 2 ranks")
     demo.add_argument("--world-size", type=int, default=2)
     demo.add_argument("--train-iters", type=int, default=9)
     demo.add_argument("--eval-interval", type=int, default=3)
     demo.set_defaults(func=_cmd_demo)
-    try:
-        from .check import add_check_parser
+    return demo
 
-        add_check_parser(sub)
-    except ImportError:
-        pass
-    try:
-        from .doctor import add_doctor_parser
 
-        add_doctor_parser(sub)
-    except ImportError:
-        pass
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or with ``only`` that one (the others' modules unimported)."""
+    parser = argparse.ArgumentParser(prog="mxfp8-plugin", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, adder) in _SUBCOMMANDS.items():
+        if only is not None and name != only:
+            continue
+        getattr(importlib.import_module(f".{module}", __package__), adder)(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    only = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
+    args = build_parser(only).parse_args(argv)
     return int(args.func(args))
 
 

@@ -38,6 +38,7 @@ from ._adapter import bind_engine, check_job
 from ._log import log_rank_zero
 from .buckets import is_megatron_ddp
 from .errors import MXFP8UsageError
+from .options import PluginOptions
 from .sync import ParamSyncEngine, SyncStats, distributed_optimizers
 
 __all__ = ["MXFP8ParamSyncLightningCallback", "find_megatron_optimizer", "find_model_chunks"]
@@ -134,12 +135,14 @@ class MXFP8ParamSyncLightningCallback(Callback):
             DDP chunks cannot be found from ``trainer.strategy.model`` / ``pl_module``.
         optimizer_getter: ``(trainer, pl_module) -> optimizer`` when the Megatron optimizer is not
             in ``trainer.optimizers`` (directly or behind ``.mcore_optimizer`` / ``.optimizer``).
+        options: a :class:`~mbridge_mxfp8_plugin.options.PluginOptions` (e.g. a recipe's
+            ``mxfp8_plugin:`` section); the keywords below override single fields of it.
         repair_alignment: rewrite wrong bucket offsets (defect A) at fit start; ``False`` raises.
         stage_for_nemo_steps: stage main params at NeMo's ``on_megatron_microbatches_start``
             (training steps only, pre-hooks on). Turn off only if the loop stages them itself.
         refresh_at_train_end: make the weights current after fit, for export / test.
         validate: check the live megatron-core configs at fit start
-            (:func:`mbridge_mxfp8_plugin.validate.validate_live_job`).
+            (:func:`mbridge_mxfp8_plugin.live_check.validate_live_job`).
         strict: raise :class:`~mbridge_mxfp8_plugin.MXFP8ConfigError` on rule errors (else log them).
     """
 
@@ -148,19 +151,28 @@ class MXFP8ParamSyncLightningCallback(Callback):
         *,
         model_getter: ModelGetter | None = None,
         optimizer_getter: OptimizerGetter | None = None,
-        repair_alignment: bool = True,
-        stage_for_nemo_steps: bool = True,
-        refresh_at_train_end: bool = True,
-        validate: bool = True,
-        strict: bool = True,
+        options: PluginOptions | None = None,
+        repair_alignment: bool | None = None,
+        stage_for_nemo_steps: bool | None = None,
+        refresh_at_train_end: bool | None = None,
+        validate: bool | None = None,
+        strict: bool | None = None,
     ) -> None:
-        self.validate = validate
-        self.strict = strict
+        # One options type for every entry point; a keyword given here wins over ``options``.
+        self.options = (options or PluginOptions()).replace(
+            repair_alignment=repair_alignment,
+            stage_for_nemo_steps=stage_for_nemo_steps,
+            refresh_at_train_end=refresh_at_train_end,
+            validate=validate,
+            strict=strict,
+        )
+        self.validate = self.options.validate
+        self.strict = self.options.strict
         self.model_getter = model_getter
         self.optimizer_getter = optimizer_getter
-        self.repair_alignment = repair_alignment
-        self.stage_for_nemo_steps = stage_for_nemo_steps
-        self.refresh_at_train_end = refresh_at_train_end
+        self.repair_alignment = self.options.repair_alignment
+        self.stage_for_nemo_steps = self.options.stage_for_nemo_steps
+        self.refresh_at_train_end = self.options.refresh_at_train_end
         self._reset_runtime()
 
     def _reset_runtime(self) -> None:

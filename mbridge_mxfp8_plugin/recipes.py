@@ -5,25 +5,23 @@ merges onto a ``ConfigContainer`` (nested sections named like its fields), with 
 top-level section for this plugin. That section is split off here, so Bridge never sees a key it
 does not know (it would only log a warning and drop it - the same silence that hides typos).
 
-Dotted overrides (``ddp.bucket_size=1000``, ``+a.b=1``, ``~a.b``) follow Hydra's command-line
-syntax as Bridge's example scripts pass them; values are parsed as YAML scalars.
+Files and ``key=value`` overrides are read by :mod:`.config.read` with Bridge's own readers
+(OmegaConf, Hydra's override grammar), so a value means here what it means to Bridge.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ._log import log_rank_zero
-from ._schema import PLUGIN_FIELDS, PLUGIN_SECTION
+from .config.read import RecipeError, read_recipe_file
+from .config.schema import dtype_name_problem
 from .errors import MXFP8ConfigError
+from .options import PLUGIN_SECTION, PluginOptions
 
 __all__ = [
     "PluginOptions",
@@ -31,148 +29,24 @@ __all__ = [
     "apply_recipe",
     "callbacks_from_recipe",
     "load_recipe",
-    "parse_override",
     "read_recipe",
 ]
 
 
-class RecipeError(MXFP8ConfigError):
-    """The recipe could not be read at all (missing file, invalid YAML, not a mapping, bad override)."""
-
-
-@dataclass(frozen=True)
-class PluginOptions:
-    """The ``mxfp8_plugin:`` section. Defaults are the safe choice on every release."""
-
-    enabled: bool = True
-    strict: bool = True
-    repair_alignment: bool = True
-    prestage: bool = True
-    refresh_at_train_end: bool = True
-    dp_size: int | None = None
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None) -> PluginOptions:
-        """Strict: an unknown option or a non-boolean flag is an error, not a silent default."""
-        from ._schema import suggest, type_problem
-
-        data = dict(data or {})
-        problems = []
-        for key, value in data.items():
-            if key not in PLUGIN_FIELDS:
-                problems.append(
-                    f"{PLUGIN_SECTION}.{key} is not a plugin option{suggest(str(key), PLUGIN_FIELDS)}"
-                )
-                continue
-            expected = type_problem(value, PLUGIN_FIELDS[key][0])
-            if expected:
-                problems.append(f"{PLUGIN_SECTION}.{key} must be {expected}, got {value!r}")
-        if problems:
-            raise MXFP8ConfigError("; ".join(problems))
-        return cls(**data)
-
-    def as_mapping(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-# --------------------------------------------------------------------------- reading
-def _load_yaml(path: Path) -> Any:
-    if not path.is_file():
-        raise RecipeError(f"{path}: no such recipe file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"{path}: cannot read ({exc})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RecipeError(f"{path}: invalid YAML{where}: {problem}") from None
-
-
-def parse_override(text: str) -> tuple[str, list[str], Any]:
-    """``'a.b=1'`` -> ``('set', ['a', 'b'], 1)``; ``'+a.b=1'`` adds, ``'~a.b'`` deletes (Hydra syntax)."""
-    op = "set"
-    body = text.strip()
-    if body.startswith("~"):
-        op, body = "delete", body[1:]
-        key, _, raw = body.partition("=")
-    else:
-        if body.startswith("++"):
-            body = body[2:]
-        elif body.startswith("+"):
-            op, body = "add", body[1:]
-        key, eq, raw = body.partition("=")
-        if not eq:
-            raise RecipeError(f"override {text!r} is not of the form dotted.key=value")
-    parts = key.strip().split(".")
-    if not all(p.strip() for p in parts):
-        raise RecipeError(f"override {text!r} has an empty key")
-    if op == "delete":
-        return op, parts, None
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        raise RecipeError(f"override {text!r}: value {raw!r} is not valid YAML") from None
-    return op, parts, value
-
-
-def apply_overrides_to_mapping(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Dotted overrides on a nested mapping; the input is not modified."""
-    out = copy.deepcopy(data)
-    for text in overrides:
-        op, parts, value = parse_override(text)
-        node: Any = out
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part)
-            if nxt is None and op != "delete":
-                nxt = node[part] = {}
-            if not isinstance(nxt, dict):
-                where = ".".join(parts[: i + 1])
-                raise RecipeError(
-                    f"override {text!r}: {where} is {nxt!r}, not a section, so it has no key {parts[i + 1]!r}"
-                )
-            node = nxt
-        if op == "delete":
-            node.pop(parts[-1], None)
-        else:
-            node[parts[-1]] = value
-    return out
-
-
-def _resolve_interpolations(data: Any, path: Path) -> Any:
-    """OmegaConf ``${...}`` interpolation, as Bridge's loader resolves it; omegaconf only if used."""
-    if "${" not in yaml.safe_dump(data):
-        return data
-    try:
-        from omegaconf import OmegaConf
-    except ImportError:
-        raise RecipeError(
-            f"{path}: uses OmegaConf interpolation (${{...}}), which needs the omegaconf package "
-            "(installed with Megatron-Bridge): pip install omegaconf"
-        ) from None
-    return OmegaConf.to_container(OmegaConf.create(data), resolve=True)
-
-
 def read_recipe(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
-    """The whole recipe (plugin section included) with overrides applied; raises :class:`RecipeError`."""
-    path = Path(path)
-    data = _load_yaml(path)
-    if data is None:
-        raise RecipeError(f"{path}: the recipe is empty; expected a mapping of ConfigContainer sections")
-    if not isinstance(data, dict):
-        kind = "a list" if isinstance(data, list) else f"a {type(data).__name__}"
+    """The whole recipe (plugin section included) with overrides applied; raises :class:`RecipeError`.
+
+    An interpolation into the base recipe cannot be resolved without it: refused here, where
+    the result is meant to be applied (``check`` reports such values as "not checked" instead).
+    """
+    recipe = read_recipe_file(path, overrides)
+    if recipe.base_refs:
+        key, expr = next(iter(recipe.base_refs.items()))
         raise RecipeError(
-            f"{path}: the recipe is {kind}; expected a mapping of ConfigContainer sections (ddp:, "
-            "optimizer:, ...)"
+            f"{path}: {key} is {expr}, an interpolation into the base recipe; apply this file with "
+            "Bridge's process_config_with_overrides (which has the base), or write the value"
         )
-    bad = [k for k in data if not isinstance(k, str)]
-    if bad:
-        raise RecipeError(f"{path}: top-level keys must be section names, got {bad[0]!r}")
-    data = apply_overrides_to_mapping(data, overrides)
-    return dict(_resolve_interpolations(data, path))
+    return recipe.data
 
 
 def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict[str, Any], PluginOptions]:
@@ -188,6 +62,13 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict[s
 
 
 # --------------------------------------------------------------------------- applying
+#: Bridge >= 0.6's short dtype names (``str_to_dtype``) -> torch attribute names.
+_DTYPE_ALIASES = {
+    "fp32": "float32", "32": "float32", "32-true": "float32", "fp16": "float16", "16": "float16",
+    "16-mixed": "float16", "bf16": "bfloat16", "bf16-mixed": "bfloat16", "fp8": "float8_e4m3fn",
+}  # fmt: skip
+
+
 def _apply(obj: Any, overrides: Mapping[str, Any], prefix: str) -> list[str]:
     """Bridge's ``omegaconf_utils._apply_overrides``, except that unknown keys are returned, not skipped."""
     import torch
@@ -216,9 +97,11 @@ def _apply(obj: Any, overrides: Mapping[str, Any], prefix: str) -> list[str]:
                 f"{key}: bf16_with_mxfp8_mixed"
             )
         elif isinstance(current, torch.dtype) and isinstance(value, str):
-            dtype = getattr(torch, value.split(".")[-1], None)
-            if not isinstance(dtype, torch.dtype):
-                raise MXFP8ConfigError(f"{path}={value!r} is not a torch dtype")
+            problem = dtype_name_problem(value)
+            name = _DTYPE_ALIASES.get(value.removeprefix("torch."), value.split(".")[-1])
+            dtype = getattr(torch, name, None)
+            if problem or not isinstance(dtype, torch.dtype):
+                raise MXFP8ConfigError(f"{path}={value!r}: expected {problem or 'a torch dtype name'}")
             setattr(obj, key, dtype)
         else:
             setattr(obj, key, value)
@@ -279,11 +162,4 @@ def callbacks_from_recipe(source: PluginOptions | str | Path, overrides: Iterabl
     options = source if isinstance(source, PluginOptions) else load_recipe(source, overrides)[1]
     if not options.enabled:
         return []
-    return [
-        MXFP8ParamSyncCallback(
-            repair_alignment=options.repair_alignment,
-            prestage=options.prestage,
-            refresh_at_train_end=options.refresh_at_train_end,
-            strict=options.strict,
-        )
-    ]
+    return [MXFP8ParamSyncCallback(options)]

@@ -2,37 +2,54 @@
 
 A config can be right for one release pair and wrong for another (turning the plugin off is
 fine on megatron-core 0.19 + Bridge 0.6, and trains on stale and polluted weights on 0.16).
-Like :mod:`.upstream`, everything here is probed from the code, never from version strings;
-versions are carried for messages only. Megatron-Bridge is inspected by reading its
-``train.py`` source, because importing it needs Transformer Engine.
+Everything here is probed from the installed *files* (:func:`.defects.probe_core_files`, Bridge's
+``train.py`` as text), never from version strings and never by importing: ``check`` must not pay
+seconds for torch and megatron-core. Versions come from package metadata, for messages only.
+The runtime (callbacks, engine) decides from the imported classes instead (:mod:`.upstream`).
 """
 
 from __future__ import annotations
 
-import inspect
+import functools
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from .upstream import CoreBehaviour, bridge_training_dir, installed_versions, probe_bucket_offsets, probe_core
+from .defects import probe_core_files
+from .upstream import CoreBehaviour, bridge_training_dir
 
 __all__ = ["InstalledStack"]
 
 
-def _core_pads_bucket_offsets() -> bool | None:
-    """Defect A fixed? :func:`.upstream.probe_bucket_offsets` builds a real dummy bucket; if that
-    cannot run, the constructor signature tells (the fix, #3007, hands each bucket the buffer's
-    padded ``param_index_map``). The live check on real buckets is
-    :func:`.buckets.check_bucket_alignment`."""
-    try:
-        return bool(probe_bucket_offsets())
-    except Exception:  # noqa: BLE001 - fall back to the constructor signature
-        pass
-    try:
-        from megatron.core.distributed import param_and_grad_buffer as pgb
+_DISTS = ("torch", "megatron-core", "megatron-bridge", "lightning", "transformer-engine")
 
-        return "param_index_map" in inspect.signature(pgb._ParamAndGradBucket.__init__).parameters
-    except Exception:  # noqa: BLE001
-        return None
+
+def installed_version(dist: str) -> str | None:
+    return _versions().get(dist)
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict[str, str | None]:
+    """Installed versions from the ``*.dist-info`` directory names on ``sys.path``, for messages.
+
+    What ``importlib.metadata.version`` answers (first match on the path wins), without its
+    ~0.1 s import: ``check`` has a one-second budget.
+    """
+    wanted = {re.sub(r"[-_.]+", "_", d).lower(): d for d in _DISTS}
+    out: dict[str, str | None] = dict.fromkeys(_DISTS)
+    for entry in sys.path:
+        try:
+            names = [p.name for p in Path(entry or ".").iterdir() if p.name.endswith(".dist-info")]
+        except OSError:
+            continue
+        for name in names:
+            dist, _, version = name[: -len(".dist-info")].partition("-")
+            key = wanted.get(re.sub(r"[-_.]+", "_", dist).lower())
+            if key is not None and out[key] is None:
+                out[key] = version
+    return out
 
 
 def _bridge_train_source() -> str | None:
@@ -58,16 +75,24 @@ class InstalledStack:
 
     @classmethod
     def detect(cls) -> InstalledStack:
-        try:
-            core: CoreBehaviour | None = probe_core()
-        except Exception:  # noqa: BLE001 - no megatron-core: rules that need it report n/a
-            core = None
+        """Read the installed releases' sources; imports neither torch nor megatron-core."""
+        files = probe_core_files()
+        core = (
+            None
+            if files is None
+            else CoreBehaviour(
+                forced_sync_writes_back=files.forced_sync_writes_back,
+                has_dispatch_reset=files.has_dispatch_reset,
+                has_prepare_for_param_sync=files.has_prepare_for_param_sync,
+                has_reuse_knob=files.has_reuse_knob,
+            )
+        )
         src = _bridge_train_source()
         return cls(
             core=core,
-            core_pads_bucket_offsets=_core_pads_bucket_offsets() if core else None,
+            core_pads_bucket_offsets=None if files is None else files.pads_bucket_offsets,
             bridge_calls_prepare=None if src is None else "prepare_model_params_for_param_sync(" in src,
-            versions=installed_versions(),
+            versions=_versions(),
         )
 
     @property

@@ -1,6 +1,12 @@
 """One view over the three shapes a training config arrives in, with Bridge's precedence applied.
 
-The rules in :mod:`.validate` must give the same verdict whether the knobs come from a recipe
+This is the one place a knob's value is decided: :func:`read_config` reads what is written
+(and judges each value after the conversion the installed Bridge applies), and
+:class:`EffectiveConfig` applies Bridge's precedence (``mixed_precision`` owns the fp8 knobs,
+``comm_overlap`` overwrites the overlap knobs, either section turns the distributed optimizer
+on). Rules read knobs only through :class:`EffectiveConfig`.
+
+The rules in :mod:`.rules` must give the same verdict whether the knobs come from a recipe
 YAML, a live Megatron-Bridge ``ConfigContainer`` or megatron-core's own dataclasses. What differs
 is *who wins* when the same knob sits in several places, and *what is known*:
 
@@ -23,25 +29,31 @@ from typing import Any, Literal
 
 import yaml
 
-from ._schema import (
+from ..options import PluginOptions
+from ..stack import InstalledStack
+from .read import BaseRef
+from .schema import (
     COMM_OVERLAP_KNOBS,
     CONFIG_SECTIONS,
     DIST_KNOBS,
+    HYDRA_KEYS,
     MIXED_PRECISION_FIELDS,
     MIXED_PRECISION_RECIPES,
     MODEL_KNOBS,
-    PLUGIN_FIELDS,
+    MP_OWNED_KNOBS,
     PLUGIN_SECTION,
+    bridge_facts,
     closest,
     core_default,
     core_fields,
     example_value,
     normalize_recipe_name,
+    plugin_fields,
     suggest,
     type_problem,
 )
 
-__all__ = ["UNKNOWN", "ConfigView", "InputIssue", "Val", "read_config"]
+__all__ = ["UNKNOWN", "ConfigView", "EffectiveConfig", "InputIssue", "Val", "read_config"]
 
 Kind = Literal["recipe", "bridge", "mcore"]
 
@@ -117,6 +129,12 @@ class ConfigView:
     plugin_stated: bool = False
     data_parallel_size: int | None = None
     issues: list[InputIssue] = field(default_factory=list)
+    #: dotted key -> interpolation into the base recipe (its value is unknown here)
+    base_refs: dict[str, str] = field(default_factory=dict)
+    #: section -> the ``_target_`` Bridge instantiates it from
+    targets: dict[str, str] = field(default_factory=dict)
+    #: checks that could not run, and why (shown under the report)
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def invalid_paths(self) -> set[str]:
@@ -180,19 +198,33 @@ def _unknown_fix(section: str | None, key: str, choices: Iterable[object], value
     return f"{section}:\n  {near}: {literal}  # was {key}"
 
 
+def _yaml_literal(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value)
+
+
 def _read_mapping_section(
     view: ConfigView, name: str, data: Any, schema: Mapping[str, Any] | None, knobs: Mapping[str, Any] | None
 ) -> None:
-    """Keep the section's values; check keys against ``schema`` and types of ``schema``/``knobs``."""
+    """Keep the section's values; check keys against ``schema`` and types of ``schema``/``knobs``.
+
+    A ``_target_`` section is instantiated by Bridge from the merged mapping (base recipe's
+    fields plus these), so its keys are the class's fields and Hydra's own keys are not knobs.
+    """
     if data is None:
         view.sections[name] = {}
         return
     if not isinstance(data, Mapping):
         _issue_type(view, name, data, "a mapping of knobs")
         return
+    if "_target_" in data:
+        view.targets[name] = str(data["_target_"])
     kept: dict[str, Any] = {}
     for key, value in data.items():
         key = str(key)
+        if key in HYDRA_KEYS and name in view.targets:
+            continue
         if schema is not None and key not in schema:
             view.issues.append(
                 InputIssue(
@@ -205,6 +237,9 @@ def _read_mapping_section(
                 )
             )
             continue
+        if isinstance(value, BaseRef):
+            view.base_refs[f"{name}.{key}"] = value.expr
+            continue
         annotation = schema.get(key) if schema is not None else None
         if annotation is None and knobs is not None:
             annotation = knobs.get(key)
@@ -214,27 +249,76 @@ def _read_mapping_section(
     view.sections[name] = kept
 
 
+def _recipe_names(view: ConfigView) -> frozenset[str] | None:
+    """The installed Bridge's mixed-precision registry; None (and a note) without Bridge."""
+    facts = bridge_facts()
+    if facts is None or not facts.recipe_names:
+        note = (
+            "mixed_precision recipe names and dtype names not checked against a registry: "
+            "Megatron-Bridge is not installed here (knob values of known recipe names still judged)"
+        )
+        if note not in view.skipped:
+            view.skipped.append(note)
+        return None
+    return facts.recipe_names
+
+
+def _read_recipe_name(view: ConfigView, value: str, path: str) -> None:
+    name = normalize_recipe_name(value)
+    registry = _recipe_names(view)
+    known = registry if registry is not None else frozenset(MIXED_PRECISION_RECIPES)
+    if name not in known:
+        facts = bridge_facts()
+        where = f" (installed: {facts.version})" if facts and facts.version else ""
+        view.issues.append(
+            InputIssue(
+                "MX103",
+                path,
+                value,
+                f"{path}={value!r} is not a Megatron-Bridge mixed-precision recipe{where}"
+                f"{suggest(name, known)}; known: {', '.join(sorted(known))}",
+                {"mixed_precision": "bf16_with_mxfp8_mixed"},
+            )
+        )
+        return
+    view.mp_name = name
+    if name in MIXED_PRECISION_RECIPES:
+        view.mp_values = dict(MIXED_PRECISION_RECIPES[name])
+    else:  # registered in this Bridge, newer than the facts written down here
+        view.mp_values = {}
+        view.skipped.append(f"mixed_precision={name}: a recipe this plugin has no knob table for")
+
+
 def _read_mixed_precision(view: ConfigView, value: Any, *, from_object: bool) -> None:
-    if value is None:
+    if value is None or isinstance(value, BaseRef):
+        if isinstance(value, BaseRef):
+            view.base_refs["mixed_precision"] = value.expr
         return
     if isinstance(value, str):
-        name = normalize_recipe_name(value)
-        if name not in MIXED_PRECISION_RECIPES:
-            valid = ", ".join(sorted(MIXED_PRECISION_RECIPES))
-            view.issues.append(
-                InputIssue(
-                    "MX103",
-                    "mixed_precision",
-                    value,
-                    f"mixed_precision={value!r} is not a Megatron-Bridge mixed-precision recipe"
-                    f"{suggest(name, MIXED_PRECISION_RECIPES)}; known: {valid}",
-                    {"mixed_precision": "bf16_with_mxfp8_mixed"},
-                )
-            )
-            return
-        view.mp_name = name
-        view.mp_values = dict(MIXED_PRECISION_RECIPES[name])
+        _read_recipe_name(view, value, "mixed_precision")
         return
+    if isinstance(value, Mapping) and "_target_" in value:
+        # Bridge instantiates it: a recipe function gives that recipe, the class its fields.
+        target = str(value["_target_"])
+        view.targets["mixed_precision"] = target
+        leaf = target.rsplit(".", 1)[-1]
+        if leaf != "MixedPrecisionConfig":
+            extra = sorted(str(k) for k in value if str(k) not in HYDRA_KEYS)
+            if extra:
+                view.issues.append(
+                    InputIssue(
+                        "MX101",
+                        f"mixed_precision.{extra[0]}",
+                        value[extra[0]],
+                        f"mixed_precision._target_ {target} is a recipe function that takes no "
+                        f"arguments; Bridge's instantiate() would pass it {', '.join(extra)} and fail",
+                        f"# move {', '.join(extra)} out of mixed_precision, or use _target_: "
+                        "megatron.bridge.training.mixed_precision.MixedPrecisionConfig",
+                    )
+                )
+            _read_recipe_name(view, leaf, "mixed_precision._target_")
+            return
+        value = {k: v for k, v in value.items() if str(k) not in HYDRA_KEYS}
     if isinstance(value, Mapping):
         _read_mapping_section(view, "mixed_precision", value, MIXED_PRECISION_FIELDS, None)
         view.mp_values = dict(view.sections.pop("mixed_precision", {}))
@@ -252,20 +336,24 @@ def _read_mixed_precision(view: ConfigView, value: Any, *, from_object: bool) ->
 
 
 def _read_plugin(view: ConfigView, data: Any) -> None:
-    view.plugin = {k: default for k, (_, default, _) in PLUGIN_FIELDS.items()}
+    view.plugin = PluginOptions().as_mapping()
     if data is None:
         return
     if not isinstance(data, Mapping):
         _issue_type(view, PLUGIN_SECTION, data, "a mapping of plugin options")
         return
     view.plugin_stated = True
-    schema = {k: t for k, (t, _, _) in PLUGIN_FIELDS.items()}
+    schema = plugin_fields()
     _read_mapping_section(view, PLUGIN_SECTION, data, schema, None)
     view.plugin.update(view.sections.pop(PLUGIN_SECTION, {}))
 
 
 def _read_recipe(data: Mapping[str, Any], plugin: Any) -> ConfigView:
     view = ConfigView(kind="recipe")
+    if core_fields("ddp") is None:
+        view.skipped.append("ddp/optimizer keys not checked: megatron-core is not installed here")
+    if bridge_facts() is None:
+        _recipe_names(view)
     for key in data:
         if str(key) not in CONFIG_SECTIONS and key != PLUGIN_SECTION:
             view.issues.append(
@@ -327,7 +415,7 @@ def read_config(
     cfg: Any, *, ddp: Any = None, optimizer: Any = None, model: Any = None, plugin: Any = None
 ) -> ConfigView:
     """Classify ``cfg`` and read the knobs the rules need. See the module docstring for kinds."""
-    from .errors import MXFP8UsageError
+    from ..errors import MXFP8UsageError
 
     objects = [o for o in (ddp, optimizer, model) if o is not None]
     if cfg is not None and objects:
@@ -387,3 +475,133 @@ def _classify_core_object(obj: Any) -> str | None:
     if hasattr(obj, "hidden_size") and hasattr(obj, "tensor_model_parallel_size"):
         return "model"
     return None
+
+
+# --------------------------------------------------------------------------- effective values
+class EffectiveConfig:
+    """The config as the training job will see it, after Bridge's own syncing."""
+
+    def __init__(self, view: ConfigView, dp_size: int | None, installed: InstalledStack | None) -> None:
+        self.view = view
+        self.dp_size = dp_size
+        self.installed = installed
+        self.bridge_semantics = view.kind != "mcore"
+
+    # -- helpers
+    def _mp_owned(self, section: str, knob: str) -> Val | None:
+        if self.bridge_semantics and self.view.mp_present and section in MP_OWNED_KNOBS.get(knob, ()):
+            return self.view.mp(knob)
+        return None
+
+    def _comm_overlap(self, knob: str) -> Val | None:
+        """``comm_overlap.setup`` overwrites the overlap knobs of ddp and optimizer (Bridge)."""
+        if not self.bridge_semantics or "comm_overlap" not in self.view.sections:
+            return None
+        v = self.view.raw("comm_overlap", knob)
+        if v.known and v.value is not None:
+            return v
+        if self.dp_size is None:
+            return Val(UNKNOWN, f"comm_overlap.{knob}")
+        defaults = {
+            "overlap_grad_reduce": self.dp_size > 1,
+            "overlap_param_gather": self.dp_size > 1,
+            "overlap_param_gather_with_optimizer_step": False,
+            "bucket_size": 128 * 1024 * 1024 if self.dp_size > 1 else None,
+        }
+        if knob in defaults:
+            return Val(defaults[knob], f"comm_overlap.{knob} (default for dp_size={self.dp_size})")
+        return None
+
+    def ddp(self, knob: str) -> Val:
+        owned = self._mp_owned("ddp", knob)
+        if owned is not None:
+            return owned
+        if knob in ("overlap_grad_reduce", "overlap_param_gather", "bucket_size"):
+            co = self._comm_overlap(knob)
+            if co is not None:
+                return co
+        if knob == "use_distributed_optimizer":
+            return self.distopt()
+        return self.view.raw("ddp", knob)
+
+    def opt(self, knob: str) -> Val:
+        owned = self._mp_owned("optimizer", knob)
+        if owned is not None:
+            return owned
+        if knob in ("overlap_param_gather", "overlap_param_gather_with_optimizer_step"):
+            co = self._comm_overlap(knob)
+            if co is not None:
+                return co
+        if knob == "use_distributed_optimizer" and self.bridge_semantics:
+            return self.distopt()
+        return self.view.raw("optimizer", knob)
+
+    def distopt(self) -> Val:
+        """Bridge turns the distributed optimizer on in both sections if either asks for it."""
+        d, o = (
+            self.view.raw("ddp", "use_distributed_optimizer"),
+            self.view.raw("optimizer", "use_distributed_optimizer"),
+        )
+        if not self.bridge_semantics:
+            return d
+        for v in (d, o):
+            if v.known and v.value:
+                return v
+        if d.known and o.known:
+            return d
+        return Val(UNKNOWN, d.path)
+
+    def why_unknown(self, v: Val) -> str:
+        """Why a knob's value is not known here: not stated, an interpolation into the base
+        recipe, or stated but overwritten by comm_overlap with a dp-size dependent default."""
+        if v.path in self.view.base_refs:
+            return f"is {self.view.base_refs[v.path]}, an interpolation into the base recipe"
+        if v.path.startswith("comm_overlap."):
+            knob = v.path.split(".", 1)[1].split(" ")[0]
+            for sec in ("ddp", "optimizer"):
+                stated = self.view.raw(sec, knob)
+                if stated.known:
+                    return (
+                        f"is stated {_yaml_literal(stated.value)} in {stated.path}, but comm_overlap "
+                        f"overwrites it with a default that depends on dp_size (pass --dp-size, or "
+                        f"state {v.path})"
+                    )
+            return "is set by comm_overlap from dp_size (pass --dp-size)"
+        return "is not set in this recipe"
+
+    def fsdp(self) -> Val:
+        d = self.view.raw("ddp", "use_megatron_fsdp")
+        if self.bridge_semantics:
+            s = self.view.raw("dist", "use_megatron_fsdp")
+            if s.known and s.value:
+                return s
+        return d
+
+    def fp8_recipe(self) -> Val:
+        if self.bridge_semantics and self.view.mp_present:
+            return self.view.mp("fp8_recipe")
+        for v in (self.view.raw("model", "fp8_recipe"), self.view.raw("optimizer", "fp8_recipe")):
+            if v.known and v.value is not None:
+                return v
+        return self.view.raw("model", "fp8_recipe")
+
+    def reuse(self) -> Val:
+        """Reuse as the DDP buffers see it (what decides the shared buffer layout)."""
+        return self.ddp("reuse_grad_buf_for_mxfp8_param_ag")
+
+    def reuse_anywhere(self) -> bool:
+        return any(
+            v.known and bool(v.value) for v in (self.reuse(), self.opt("reuse_grad_buf_for_mxfp8_param_ag"))
+        )
+
+    def model_int(self, knob: str, default: int) -> int:
+        v = self.view.raw("model", knob)
+        return v.value if v.known and isinstance(v.value, int) else default
+
+    def fix_reuse(self, value: bool) -> dict[str, Any]:
+        key = "reuse_grad_buf_for_mxfp8_param_ag"
+        if self.bridge_semantics and self.view.mp_present:
+            if self.view.mp_name and value:
+                return {"mixed_precision": "bf16_with_mxfp8_mixed"}
+            return {"mixed_precision": {key: value}}
+        return {"ddp": {key: value}, "optimizer": {key: value}}

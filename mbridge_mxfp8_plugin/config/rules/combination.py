@@ -1,0 +1,384 @@
+"""MX001-MX007, MX012, MX013: knob combinations megatron-core or Bridge reject, or accept and train wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..report import Finding, Rule, RuleResult, Severity
+from ..report import yaml_literal as _y
+from ..schema import MP_OWNED_KNOBS
+from ..view import EffectiveConfig, Val
+from . import _found, _na, _pass, _rule, _violation
+
+
+@_rule("MX001", "mxfp8 param gather needs buffer reuse")
+def _mx001(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    recipe, fpg, reuse = ctx.fp8_recipe(), ctx.ddp("fp8_param_gather"), ctx.reuse()
+    if not (recipe.known and fpg.known):
+        return _na(rule, "fp8_recipe / fp8_param_gather not set by this config", recipe.path)
+    if recipe.value != "mxfp8" or not fpg.value:
+        return _pass(rule, "not an MXFP8 param-gather config", recipe.path, recipe.value)
+    if ctx.fsdp().known and ctx.fsdp().value:
+        return _pass(rule, "Megatron-FSDP gathers params itself", ctx.fsdp().path, True)
+    if not reuse.known:
+        return _na(rule, "reuse_grad_buf_for_mxfp8_param_ag comes from the base config", reuse.path)
+    if reuse.value:
+        return _pass(rule, "reuse is on", reuse.path, True)
+    return _violation(
+        rule,
+        "error",
+        reuse.path,
+        reuse.value,
+        f"fp8_recipe=mxfp8 with fp8_param_gather=true needs reuse_grad_buf_for_mxfp8_param_ag=true "
+        f"(seen {_y(reuse.value)}): Megatron-Bridge asserts it (MixedPrecisionConfig.finalize "
+        "in 0.3/0.4, "
+        "ConfigContainer.validate from 0.5), and without it megatron-core keeps a second full "
+        "param buffer",
+        ctx.fix_reuse(True),
+    )
+
+
+@_rule("MX002", "reuse needs fp8_param_gather")
+def _mx002(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    reuse, fpg = ctx.reuse(), ctx.ddp("fp8_param_gather")
+    if not reuse.known or not reuse.value:
+        return _pass(rule, "reuse is off", reuse.path, reuse.value)
+    if not fpg.known:
+        return _na(rule, "fp8_param_gather comes from the base config", fpg.path)
+    if fpg.value:
+        return _pass(rule, "fp8_param_gather is on", fpg.path, True)
+    fix = (
+        {"mixed_precision": {"fp8_param_gather": True}}
+        if ctx.bridge_semantics and ctx.view.mp_present
+        else {"ddp": {"fp8_param_gather": True}}
+    )
+    return _violation(
+        rule,
+        "error",
+        fpg.path,
+        fpg.value,
+        f"reuse_grad_buf_for_mxfp8_param_ag=true ({reuse.path}) needs fp8_param_gather=true: "
+        "megatron-core's DistributedDataParallelConfig.__post_init__ asserts 'Reuse grad buffer only "
+        "when keeping params in MXFP8' (Bridge defers that check to its finalize())",
+        fix,
+    )
+
+
+@_rule("MX003", "param gather needs the distributed optimizer")
+def _mx003(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    dist, fsdp = ctx.ddp("use_distributed_optimizer"), ctx.fsdp()
+    if fsdp.known and fsdp.value:
+        return _pass(rule, "Megatron-FSDP shards params itself", fsdp.path, True)
+    reuse, fpg = ctx.reuse_anywhere(), ctx.ddp("fp8_param_gather")
+    wants = reuse or (fpg.known and bool(fpg.value))
+    if not wants:
+        return _pass(rule, "no fp8 param gather", fpg.path, fpg.value)
+    if not dist.known:
+        return _na(rule, "use_distributed_optimizer comes from the base config", dist.path)
+    if dist.value:
+        return _pass(rule, "distributed optimizer on", dist.path, True)
+    why = (
+        "the shared param/grad buffer exists only with the distributed optimizer, and the optimizer step "
+        "calls _copy_main_params_to_param_buffer(), which only DistributedOptimizer has"
+        if reuse
+        else "Megatron-LM rejects '--fp8-param-gather' without it: fp8 params are updated by re-quantizing "
+        "the distributed optimizer's main params; otherwise they never change"
+    )
+    knob = "reuse_grad_buf_for_mxfp8_param_ag" if reuse else "fp8_param_gather"
+    return _violation(
+        rule,
+        "error",
+        dist.path,
+        dist.value,
+        f"{knob}=true needs use_distributed_optimizer=true (seen {_y(dist.value)}): {why}",
+        {
+            "ddp": {"use_distributed_optimizer": True},
+            "optimizer": {"use_distributed_optimizer": True},
+        },
+    )
+
+
+@_rule("MX004", "reuse is not for Megatron-FSDP")
+def _mx004(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    fsdp = ctx.fsdp()
+    if not fsdp.known or not fsdp.value:
+        return _pass(rule, "Megatron-FSDP off", fsdp.path, fsdp.value)
+    reuse = [v for v in (ctx.reuse(), ctx.opt("reuse_grad_buf_for_mxfp8_param_ag")) if v.known and v.value]
+    if not reuse:
+        return _pass(rule, "reuse off", fsdp.path, True)
+    if ctx.bridge_semantics:
+        sev: Severity = "warning"
+        why = (
+            "Megatron-Bridge switches reuse off for Megatron-FSDP during validate(), so the memory saving "
+            "asked for does not happen (and this plugin has nothing to do)"
+        )
+    else:
+        sev = "error"
+        why = (
+            "Megatron-FSDP has no shared param/grad buffer; the distributed optimizer's reuse branch "
+            "stages main params into a buffer FSDP never gathers (core >= 0.18 raises NotImplementedError)"
+        )
+    return _violation(
+        rule,
+        sev,
+        fsdp.path,
+        True,
+        f"use_megatron_fsdp=true with reuse_grad_buf_for_mxfp8_param_ag=true ({reuse[0].path}): {why}",
+        # Bridge ORs dist.use_megatron_fsdp into ddp's: both must be off to clear this.
+        {"ddp": {"use_megatron_fsdp": False}, "dist": {"use_megatron_fsdp": False}}
+        if ctx.bridge_semantics
+        else {"ddp": {"use_megatron_fsdp": False}},
+    )
+
+
+def _disagree(rule: Rule, sev: Severity, lose: Val, win: Val, what: str, fix: Any) -> Finding:
+    return Finding(
+        rule.id,
+        sev,
+        lose.path,
+        lose.value,
+        f"{lose.path}={_y(lose.value)} disagrees with {win.path}={_y(win.value)}: {what}",
+        fix,
+    )
+
+
+@_rule("MX005", "sections agree on shared knobs")
+def _mx005(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    view, out = ctx.view, []
+    mxfp8_knobs = ("fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag", "fp8_recipe", "fp8", "fp8_param")
+    if view.kind == "recipe":  # Bridge's mixed_precision.setup() overwrites these sections
+        for knob, sections in MP_OWNED_KNOBS.items():
+            for sec in sections:
+                written = view.raw(sec, knob)
+                if not written.known:
+                    continue
+                mp = view.mp(knob)
+                if view.mp_present and mp.known:
+                    if mp.value != written.value:
+                        out.append(
+                            _disagree(
+                                rule,
+                                "error",
+                                written,
+                                mp,
+                                "Bridge copies mixed_precision onto the ddp/optimizer/model sections in "
+                                "runtime_config_update(), so the value written here is silently replaced",
+                                {"mixed_precision": {knob: written.value}}
+                                if not view.mp_name
+                                else f"# delete {written.path}: mixed_precision={view.mp_name} sets it to "
+                                f"{_y(mp.value)}\n# (or pick a mixed_precision recipe with the "
+                                "value you want)",
+                            )
+                        )
+                elif knob in mxfp8_knobs and not (view.mp_stated and not view.mp_present):
+                    src = (
+                        "the base recipe's mixed_precision"
+                        if view.mp_present
+                        else ("the base recipe's mixed_precision (Bridge recipes set one, e.g. 'bf16_mixed')")
+                    )
+                    out.append(
+                        Finding(
+                            rule.id,
+                            "warning",
+                            written.path,
+                            written.value,
+                            f"{written.path} is overwritten by {src} during runtime_config_update(); "
+                            "set it through mixed_precision instead",
+                            {"mixed_precision": "bf16_with_mxfp8_mixed"}
+                            if knob == "reuse_grad_buf_for_mxfp8_param_ag" and written.value
+                            else {"mixed_precision": {knob: written.value}},
+                        )
+                    )
+    # reuse: DDP and optimizer must agree, or the optimizer writes where the DDP does not read.
+    d, o = ctx.reuse(), ctx.opt("reuse_grad_buf_for_mxfp8_param_ag")
+    if d.known and o.known and bool(d.value) != bool(o.value):
+        out.append(
+            _disagree(
+                rule,
+                "error",
+                o,
+                d,
+                "with reuse on only in ddp the optimizer copies main params into the params (not the shared "
+                "buffer) and the all-gather then collects gradients; with reuse on only in the optimizer the "
+                "main params are staged into a buffer the DDP does not gather from",
+                ctx.fix_reuse(bool(d.value)),
+            )
+        )
+    # distributed optimizer: Bridge turns both on; megatron-core alone does not.
+    rd, ro = view.raw("ddp", "use_distributed_optimizer"), view.raw("optimizer", "use_distributed_optimizer")
+    if rd.known and ro.known and bool(rd.value) != bool(ro.value):
+        sev: Severity = "warning" if ctx.bridge_semantics else "error"
+        what = (
+            "Megatron-Bridge turns the distributed optimizer on in both sections; state it once, consistently"
+            if ctx.bridge_semantics
+            else "the DDP buffers are laid out for one optimizer and get_megatron_optimizer() builds "
+            "the other"
+        )
+        lose = rd if not rd.value else ro
+        out.append(
+            _disagree(
+                rule,
+                sev,
+                lose,
+                ro if lose is rd else rd,
+                what,
+                {
+                    "ddp": {"use_distributed_optimizer": True},
+                    "optimizer": {"use_distributed_optimizer": True},
+                },
+            )
+        )
+    # overlap_param_gather: who stages the main params depends on the optimizer's copy.
+    od, oo = ctx.ddp("overlap_param_gather"), ctx.opt("overlap_param_gather")
+    if od.known and oo.known and bool(od.value) != bool(oo.value) and ctx.reuse_anywhere():
+        fix = {"ddp": {"overlap_param_gather": True}, "optimizer": {"overlap_param_gather": True}}
+        if oo.value:
+            out.append(
+                _disagree(
+                    rule,
+                    "error",
+                    od,
+                    oo,
+                    "with reuse the optimizer then skips staging its main params ('done by the "
+                    "training loop'), "
+                    "the loop stages only when ddp.overlap_param_gather is on, and the synchronous "
+                    "all-gather "
+                    "after the step collects gradients into the weights",
+                    fix,
+                )
+            )
+        else:
+            out.append(
+                _disagree(
+                    rule,
+                    "warning",
+                    oo,
+                    od,
+                    "the optimizer stages main params after every step and the training loop stages them "
+                    "again (Bridge 0.6 turns both on; earlier releases leave them as written)",
+                    fix,
+                )
+            )
+    if out:
+        return _found(rule, out)
+    return _pass(rule, "ddp, optimizer and mixed_precision agree")
+
+
+@_rule("MX006", "overlap_param_gather prerequisites")
+def _mx006(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    ov, fsdp = ctx.ddp("overlap_param_gather"), ctx.fsdp()
+    if not ov.known:
+        return _na(rule, f"overlap_param_gather {ctx.why_unknown(ov)}", ov.path)
+    if not ov.value:
+        return _pass(rule, "overlap_param_gather stated false", ov.path, False)
+    if fsdp.known and fsdp.value:
+        return _pass(rule, "Megatron-FSDP", fsdp.path, True)
+    out = []
+    dist, ogr = ctx.ddp("use_distributed_optimizer"), ctx.ddp("overlap_grad_reduce")
+    if dist.known and not dist.value:
+        out.append(
+            Finding(
+                rule.id,
+                "error",
+                dist.path,
+                dist.value,
+                "overlap_param_gather=true needs use_distributed_optimizer=true: there is no param "
+                "all-gather "
+                "without it (megatron-core <= 0.16 never installs the forward pre-hooks; Megatron-LM rejects "
+                "'--overlap-param-gather' without the distributed optimizer)",
+                {
+                    "ddp": {"use_distributed_optimizer": True},
+                    "optimizer": {"use_distributed_optimizer": True},
+                },
+            )
+        )
+    if ogr.known and not ogr.value:
+        out.append(
+            Finding(
+                rule.id,
+                "error",
+                ogr.path,
+                ogr.value,
+                "overlap_param_gather=true needs overlap_grad_reduce=true: Megatron-LM rejects it "
+                "('--overlap-grad-reduce should be turned on when using --overlap-param-gather'); without it "
+                "megatron-core puts each buffer in a single bucket, so the first forward pre-hook waits for "
+                "the whole model's gather and nothing overlaps",
+                {"ddp": {"overlap_grad_reduce": True}},
+            )
+        )
+    if out:
+        return _found(rule, out)
+    if not (dist.known and ogr.known):
+        return _na(rule, "use_distributed_optimizer / overlap_grad_reduce come from the base config", ov.path)
+    return _pass(rule, "distributed optimizer and overlap_grad_reduce on", ov.path, True)
+
+
+@_rule("MX007", "no optimizer-step param gather with reuse")
+def _mx007(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    ws = ctx.opt("overlap_param_gather_with_optimizer_step")
+    if not ws.known or not ws.value:
+        return _pass(rule, "overlap_param_gather_with_optimizer_step off", ws.path, ws.value)
+    if not ctx.reuse_anywhere():
+        return _pass(rule, "reuse off", ws.path, True)
+    return _violation(
+        rule,
+        "error",
+        ws.path,
+        True,
+        "overlap_param_gather_with_optimizer_step=true is not supported with "
+        "reuse_grad_buf_for_mxfp8_param_ag: megatron-core 0.19 rejects it (ValueError in "
+        "OptimizerConfig); earlier releases accept it without supporting it",
+        {"optimizer": {"overlap_param_gather_with_optimizer_step": False}},
+    )
+
+
+
+@_rule("MX012", "mxfp8 without fp8 param gather")
+def _mx012(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    recipe, fpg = ctx.fp8_recipe(), ctx.ddp("fp8_param_gather")
+    if not (recipe.known and recipe.value == "mxfp8"):
+        return _pass(rule, "not an mxfp8 recipe", recipe.path, recipe.value)
+    if not fpg.known:
+        return _na(rule, "fp8_param_gather comes from the base config", fpg.path)
+    if fpg.value:
+        return _pass(rule, "fp8_param_gather on", fpg.path, True)
+    return _violation(
+        rule,
+        "warning",
+        fpg.path,
+        False,
+        "fp8_recipe=mxfp8 without fp8_param_gather keeps bf16 params plus MXFP8 copies "
+        "(megatron-core warns of significant extra memory); legal, and this plugin has nothing to do",
+        {"mixed_precision": "bf16_with_mxfp8_mixed"},
+    )
+
+
+@_rule("MX013", "MXFP8 knobs stated in the recipe")
+def _mx013(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    if ctx.view.kind != "recipe":
+        return _pass(rule, "complete config")
+    if not ctx.reuse_anywhere():
+        return _pass(rule, "reuse off")
+    needed = {
+        "ddp.use_distributed_optimizer": ctx.ddp("use_distributed_optimizer"),
+        "ddp.overlap_param_gather": ctx.ddp("overlap_param_gather"),
+        "ddp.overlap_grad_reduce": ctx.ddp("overlap_grad_reduce"),
+        "optimizer.overlap_param_gather": ctx.opt("overlap_param_gather"),
+    }
+    missing = {k: v for k, v in needed.items() if not v.known and k not in ctx.view.invalid_paths}
+    if not missing:
+        return _pass(rule, "all stated")
+    fix: dict[str, dict[str, bool]] = {}
+    for k in missing:
+        sec, knob = k.split(".")
+        fix.setdefault(sec, {})[knob] = True
+    why = "; ".join(f"{k} {ctx.why_unknown(v)}" for k, v in missing.items())
+    return _violation(
+        rule,
+        "warning",
+        ", ".join(missing),
+        None,
+        f"{why}: the value comes from the base recipe and was not checked; state it so that "
+        "check can vouch for the combination",
+        fix,
+    )

@@ -1,0 +1,21 @@
+"""MX101-MX103: problems with the input itself, found while reading it (:mod:`..view`)."""
+
+from __future__ import annotations
+
+from ..report import Finding, Rule, RuleResult
+from ..view import EffectiveConfig
+from . import _found, _pass, _rule
+
+
+def _input_rule(rule_id: str, title: str, ok_note: str) -> None:
+    @_rule(rule_id, title)
+    def check(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+        issues = [i for i in ctx.view.issues if i.rule == rule_id]
+        if not issues:
+            return _pass(rule, ok_note)
+        return _found(rule, (Finding(rule_id, "error", i.knob, i.value, i.message, i.fix) for i in issues))
+
+
+_input_rule("MX101", "known sections and keys", "every section and key exists")
+_input_rule("MX102", "knob types", "every knob has the right type")
+_input_rule("MX103", "mixed-precision recipe name", "mixed_precision names a Bridge recipe (or is not set)")

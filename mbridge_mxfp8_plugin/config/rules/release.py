@@ -1,0 +1,86 @@
+"""MX009-MX011: what the installed release pair needs (defects of :mod:`...defects`)."""
+
+from __future__ import annotations
+
+from ...defects import DEFECTS
+from ..report import Rule, RuleResult
+from ..schema import PLUGIN_SECTION
+from ..view import EffectiveConfig, Val
+from . import _na, _pass, _rule, _violation
+
+
+def _relevant_defects(ctx: EffectiveConfig) -> list[str]:
+    if ctx.installed is None or ctx.installed.core is None:
+        return []
+    dist, ov = ctx.ddp("use_distributed_optimizer"), ctx.ddp("overlap_param_gather")
+    if not ctx.reuse_anywhere() or not (dist.known and dist.value):
+        return []
+    overlap = ov.known and bool(ov.value)
+    return [d for d in ctx.installed.defects if d == "A" or overlap]
+
+
+@_rule("MX009", "plugin on where the installed release needs it")
+def _mx009(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    enabled = Val(ctx.view.plugin.get("enabled", True), f"{PLUGIN_SECTION}.enabled")
+    if ctx.installed is None or ctx.installed.core is None:
+        return _na(rule, "megatron-core not importable: cannot tell which defects are present", enabled.path)
+    defects = _relevant_defects(ctx)
+    if enabled.value:
+        return _pass(rule, "plugin enabled", enabled.path, True)
+    if not defects:
+        return _pass(rule, "no defect of the installed release applies to this config", enabled.path, False)
+    return _violation(
+        rule,
+        "error",
+        enabled.path,
+        False,
+        f"the plugin is disabled but {ctx.installed.describe()} has defect(s) "
+        f"{', '.join(defects)} for this config: " + "; ".join(f"{d}: {DEFECTS[d].symptom}" for d in defects),
+        {PLUGIN_SECTION: {"enabled": True}},
+    )
+
+
+@_rule("MX010", "alignment repair where defect A is present")
+def _mx010(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    repair = Val(ctx.view.plugin.get("repair_alignment", True), f"{PLUGIN_SECTION}.repair_alignment")
+    if not ctx.view.plugin.get("enabled", True):
+        return _pass(rule, "plugin disabled (see MX009)", repair.path, repair.value)
+    if repair.value:
+        return _pass(rule, "repair on", repair.path, True)
+    if ctx.installed is None or ctx.installed.core_pads_bucket_offsets is None:
+        return _na(rule, "cannot tell whether the installed megatron-core has defect A", repair.path)
+    if "A" not in _relevant_defects(ctx):
+        return _pass(rule, "defect A absent or not relevant", repair.path, False)
+    return _violation(
+        rule,
+        "error",
+        repair.path,
+        False,
+        f"repair_alignment=false on {ctx.installed.describe()}: bucket offsets there ignore the "
+        "64-element padding, so MXFP8ParamSyncCallback raises MXFP8AlignmentError at train start",
+        {PLUGIN_SECTION: {"repair_alignment": True}},
+    )
+
+
+@_rule("MX011", "known-broken release pair")
+def _mx011(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    inst = ctx.installed
+    if inst is None or inst.core is None or inst.bridge_calls_prepare is None:
+        return _na(rule, "megatron-bridge or megatron-core not installed here")
+    if not inst.bridge_calls_prepare or inst.core.has_prepare_for_param_sync:
+        return _pass(rule, f"installed pair agrees on the param-sync API: {inst.describe()}")
+    dist, ov, fsdp = ctx.ddp("use_distributed_optimizer"), ctx.ddp("overlap_param_gather"), ctx.fsdp()
+    if not (dist.known and dist.value and ov.known and ov.value) or (fsdp.known and fsdp.value):
+        return _pass(rule, "the loop never disables the pre-hooks for this config", ov.path, ov.value)
+    return _violation(
+        rule,
+        "error",
+        ov.path,
+        True,
+        f"{inst.describe()}: this Bridge calls "
+        "optimizer.prepare_model_params_for_param_sync() before "
+        "every eval, checkpoint save and weight-hash check, and this megatron-core does not have it "
+        "(added in 0.19): AttributeError at the first eval or save. Install megatron-core >= 0.19, "
+        "or Megatron-Bridge <= 0.5, or turn overlap_param_gather off",
+        {"ddp": {"overlap_param_gather": False}, "optimizer": {"overlap_param_gather": False}},
+    )
