@@ -1,11 +1,11 @@
 """recipes.py: loading, overrides, applying onto a ConfigContainer the way Bridge does, callbacks;
-and the hard-coded Bridge facts in _schema.py checked against the installed Bridge wheel."""
+and the hard-coded Bridge facts in config/schema.py checked against the installed Bridge wheel."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ import torch
 from _mx_cases import DEFECTIVE, RECIPES, TINY
 
 from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-from mbridge_mxfp8_plugin._schema import (
+from mbridge_mxfp8_plugin.config.schema import (
     CONFIG_SECTIONS,
     MIXED_PRECISION_FIELDS,
     MIXED_PRECISION_RECIPES,
@@ -28,7 +28,6 @@ from mbridge_mxfp8_plugin.recipes import (
     apply_recipe,
     callbacks_from_recipe,
     load_recipe,
-    parse_override,
     read_recipe,
 )
 
@@ -53,37 +52,53 @@ def test_every_recipe_loads_and_states_the_mxfp8_knobs(recipe):
 
 
 def test_overrides_follow_hydra_syntax():
-    assert parse_override("ddp.bucket_size=1000") == ("set", ["ddp", "bucket_size"], 1000)
-    assert parse_override("+model.fp8_recipe=mxfp8") == ("add", ["model", "fp8_recipe"], "mxfp8")
-    assert parse_override("~ddp.bucket_size") == ("delete", ["ddp", "bucket_size"], None)
-    assert parse_override("mixed_precision=null")[2] is None
-    assert parse_override("a.b='true'")[2] == "true"  # quoted stays a string (and MX102 catches it)
-    data = read_recipe(TINY, ["ddp.bucket_size=1000", "~optimizer.lr", "+dist.use_megatron_fsdp=false"])
-    assert data["ddp"]["bucket_size"] == 1000 and "lr" not in data["optimizer"]
+    """Hydra's grammar, as Bridge parses ``key=value`` arguments: numbers as Hydra types them
+    (``4e7`` is a float), quoted text stays a string, ``+`` adds, ``~`` deletes, lists."""
+    data = read_recipe(
+        TINY,
+        [
+            "ddp.bucket_size=4e7",
+            "optimizer.lr=3e-4",
+            "~optimizer.weight_decay",
+            "+dist.use_megatron_fsdp=false",
+            "+model.pipeline_dtype='true'",
+            "+train.profile_ranks=[0,1]",
+            "mixed_precision=null",
+        ],
+    )
+    assert data["ddp"]["bucket_size"] == 4e7 and isinstance(data["ddp"]["bucket_size"], float)
+    assert data["optimizer"]["lr"] == 0.0003 and "weight_decay" not in data["optimizer"]
     assert data["dist"] == {"use_megatron_fsdp": False}
+    assert data["model"]["pipeline_dtype"] == "true"
+    assert data["train"]["profile_ranks"] == [0, 1] and data["mixed_precision"] is None
     assert read_recipe(TINY)["ddp"]["bucket_size"] is None, "overrides must not leak into the file's data"
 
 
 @pytest.mark.parametrize(
     "override, match",
     [
-        ("ddp.bucket_size", "not of the form"),
-        ("ddp..x=1", "empty key"),
-        ("mixed_precision.fp8=e4m3", "not a section"),
-        ("ddp.x=[1,", "not valid YAML"),
+        ("ddp.bucket_size", "Error parsing override"),
+        ("mixed_precision.fp8=e4m3", "mixed_precision is 'bf16_with_mxfp8_mixed', not a section"),
+        ("ddp.x=[1,", "no viable alternative at input '[1,'"),
+        (
+            "+ddp.overlap_param_gather=false",
+            "Could not append to config. An item is already at 'ddp.overlap_param_gather'",
+        ),
     ],
 )
 def test_bad_overrides_are_recipe_errors(override, match):
-    with pytest.raises(RecipeError, match=match):
+    with pytest.raises(RecipeError, match=re.escape(match)):
         read_recipe(TINY, [override])
 
 
-def test_interpolation_needs_omegaconf(tmp_path):
-    if importlib.util.find_spec("omegaconf") is not None:
-        pytest.skip("omegaconf installed: interpolation is resolved, not refused")
+def test_interpolations_resolve_in_the_file_and_refuse_the_base(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text("train:\n  eval_interval: 3\ncheckpoint:\n  save_interval: ${train.eval_interval}\n")
-    with pytest.raises(RecipeError, match="pip install omegaconf"):
+    assert read_recipe(path)["checkpoint"]["save_interval"] == 3
+    path.write_text("dataset:\n  sequence_length: ${model.seq_length}\n")
+    with pytest.raises(
+        RecipeError, match=r"dataset.sequence_length is \$\{model.seq_length\}, an interpolation"
+    ):
         read_recipe(path)
 
 
@@ -95,10 +110,34 @@ def test_plugin_options_are_strict():
 
 
 def test_callbacks_from_recipe():
-    (cb,) = callbacks_from_recipe(TINY, ["mxfp8_plugin.prestage=false"])
+    (cb,) = callbacks_from_recipe(
+        TINY,
+        [
+            "mxfp8_plugin.prestage=false",
+            "+mxfp8_plugin.guard_exit_saves=false",
+            "+mxfp8_plugin.validate=false",
+        ],
+    )
     assert isinstance(cb, MXFP8ParamSyncCallback)
     assert (cb.prestage, cb.repair_alignment, cb.refresh_at_train_end) == (False, True, True)
+    assert (cb.guard_exit_saves, cb.validate) == (False, False), "YAML reaches every callback option"
     assert callbacks_from_recipe(PluginOptions(enabled=False)) == []
+
+
+def test_one_options_type_for_every_entry_point():
+    """PluginOptions is the schema of the YAML section and the callbacks' options; keywords
+    still work and win over ``options``."""
+    import dataclasses
+
+    from mbridge_mxfp8_plugin.config.schema import plugin_fields
+
+    names = {f.name for f in dataclasses.fields(PluginOptions)}
+    assert set(plugin_fields()) == names
+    cb = MXFP8ParamSyncCallback(PluginOptions(prestage=False, strict=False), strict=True)
+    assert (cb.prestage, cb.strict, cb.options.strict) == (False, True, True)
+    assert MXFP8ParamSyncCallback(guard_exit_saves=False).guard_exit_saves is False
+    for f in dataclasses.fields(PluginOptions):
+        assert f.metadata["doc"], f.name
 
 
 def test_tiny_recipe_matches_the_cpu_demo_toy():
