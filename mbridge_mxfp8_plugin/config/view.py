@@ -157,9 +157,25 @@ class ConfigView:
 
 
 # --------------------------------------------------------------------------- readers
+def _unquoted(value: Any, annotation: Any) -> str | None:
+    """The value meant when a number or boolean was quoted (``'1e-4'`` -> ``0.0001``)."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    as_bool = {"true": True, "false": False}
+    for kind, parse in ((bool, lambda t: as_bool[t.lower()]), (int, int), (float, float)):
+        try:
+            parsed = parse(text)
+        except (KeyError, ValueError):
+            continue
+        if type_problem(parsed, annotation) is None:
+            return f"{_yaml_literal(parsed)}  # unquoted" if kind is not bool else f"{_yaml_literal(parsed)}"
+    return None
+
+
 def _issue_type(view: ConfigView, path: str, value: Any, expected: str, annotation: Any = None) -> None:
     *parents, leaf = path.split(".")
-    example = "{...}" if annotation is None else example_value(annotation)
+    example = "{...}" if annotation is None else _unquoted(value, annotation) or example_value(annotation)
     fix = (
         "\n".join(f"{'  ' * i}{p}:" for i, p in enumerate(parents))
         + f"\n{'  ' * len(parents)}{leaf}: {example}"
@@ -551,22 +567,21 @@ class EffectiveConfig:
             return d
         return Val(UNKNOWN, d.path)
 
-    def why_unknown(self, v: Val) -> str:
+    def why_unknown(self, v: Val, where: str = "") -> str:
         """Why a knob's value is not known here: not stated, an interpolation into the base
-        recipe, or stated but overwritten by comm_overlap with a dp-size dependent default."""
+        recipe, or stated (in ``where``) but overwritten by comm_overlap with a dp-size
+        dependent default."""
         if v.path in self.view.base_refs:
             return f"is {self.view.base_refs[v.path]}, an interpolation into the base recipe"
         if v.path.startswith("comm_overlap."):
-            knob = v.path.split(".", 1)[1].split(" ")[0]
-            for sec in ("ddp", "optimizer"):
-                stated = self.view.raw(sec, knob)
-                if stated.known:
-                    return (
-                        f"is stated {_yaml_literal(stated.value)} in {stated.path}, but comm_overlap "
-                        f"overwrites it with a default that depends on dp_size (pass --dp-size, or "
-                        f"state {v.path})"
-                    )
-            return "is set by comm_overlap from dp_size (pass --dp-size)"
+            sec, _, knob = where.partition(".")
+            stated = self.view.raw(sec, knob) if knob else Val(UNKNOWN, where)
+            if stated.known:
+                return (
+                    f"is stated {_yaml_literal(stated.value)}, but comm_overlap overwrites it with a "
+                    f"default that depends on dp_size (pass --dp-size, or state {v.path})"
+                )
+            return f"is set by comm_overlap from dp_size (pass --dp-size, or state {v.path})"
         return "is not set in this recipe"
 
     def fsdp(self) -> Val:

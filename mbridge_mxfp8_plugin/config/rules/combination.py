@@ -102,7 +102,8 @@ def _mx003(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
 def _mx004(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     fsdp = ctx.fsdp()
     if not fsdp.known or not fsdp.value:
-        return _pass(rule, "Megatron-FSDP off", fsdp.path, fsdp.value)
+        state = "stated false" if fsdp.known else "not set here (Bridge's default is off)"
+        return _pass(rule, f"Megatron-FSDP {state}", fsdp.path, fsdp.value)
     reuse = [v for v in (ctx.reuse(), ctx.opt("reuse_grad_buf_for_mxfp8_param_ag")) if v.known and v.value]
     if not reuse:
         return _pass(rule, "reuse off", fsdp.path, True)
@@ -268,7 +269,7 @@ def _mx005(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
 def _mx006(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     ov, fsdp = ctx.ddp("overlap_param_gather"), ctx.fsdp()
     if not ov.known:
-        return _na(rule, f"overlap_param_gather {ctx.why_unknown(ov)}", ov.path)
+        return _na(rule, f"overlap_param_gather {ctx.why_unknown(ov, 'ddp.overlap_param_gather')}", ov.path)
     if not ov.value:
         return _pass(rule, "overlap_param_gather stated false", ov.path, False)
     if fsdp.known and fsdp.value:
@@ -369,16 +370,15 @@ def _mx013(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     if not missing:
         return _pass(rule, "all stated")
     fix: dict[str, dict[str, bool]] = {}
-    for k in missing:
-        sec, knob = k.split(".")
+    for k, v in missing.items():
+        sec, knob = (v.path if v.path.startswith("comm_overlap.") else k).split(".")
         fix.setdefault(sec, {})[knob] = True
-    why = "; ".join(f"{k} {ctx.why_unknown(v)}" for k, v in missing.items())
+    why = "; ".join(f"{k} {ctx.why_unknown(v, k)}" for k, v in missing.items())
     return _violation(
         rule,
         "warning",
         ", ".join(missing),
         None,
-        f"{why}: the value comes from the base recipe and was not checked; state it so that "
-        "check can vouch for the combination",
+        f"{why}; so the combination was not checked: state the value so that check can vouch for it",
         fix,
     )

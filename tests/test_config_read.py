@@ -1,0 +1,242 @@
+"""``check`` reads a recipe as Megatron-Bridge does: one test per class of input that the
+PyYAML reader got wrong (numbers, ``_target_`` sections, converted values, interpolations,
+silently wrong files, hostile files, messages), each on a file of ``tests/data``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from _mx_cases import DEFECTIVE, ROOT
+
+from mbridge_mxfp8_plugin.check import run_check
+from mbridge_mxfp8_plugin.config import schema
+from mbridge_mxfp8_plugin.config.read import MAX_BYTES, read_recipe_file
+
+DATA = ROOT / "tests" / "data"
+
+
+def _run(recipe, overrides=(), **kw):
+    out, err = io.StringIO(), io.StringIO()
+    kw.setdefault("installed", DEFECTIVE)
+    code = run_check(str(recipe), list(overrides), out=out, err=err, **kw)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _json(recipe, overrides=(), **kw):
+    code, out, _ = _run(recipe, overrides, as_json=True, **kw)
+    return code, json.loads(out)
+
+
+def _status(report: dict) -> dict[str, str]:
+    return {r["id"]: r["status"] for r in report["rules"]}
+
+
+# --------------------------------------------------------------------------- numbers
+def test_scientific_notation_is_a_number_in_files_and_overrides():
+    recipe = read_recipe_file(DATA / "numbers.yaml")
+    assert recipe.data["optimizer"]["lr"] == pytest.approx(1e-4)
+    assert recipe.data["optimizer"]["adam_eps"] == pytest.approx(1e-8)
+    code, report = _json(DATA / "numbers.yaml", ["optimizer.lr=3e-4", "ddp.bucket_size=4e7"], dp_size=8)
+    assert code == 0, report
+    assert _status(report)["MX102"] == "pass"
+    # Quoted, it is text to Bridge too: a type error whose fix keeps the number, not ``lr: 1.0``.
+    code, report = _json(DATA / "numbers.yaml", ["optimizer.lr='1e-4'"])
+    (finding,) = [f for r in report["rules"] for f in r["findings"] if r["id"] == "MX102"]
+    assert code == 1 and finding["knob"] == "optimizer.lr" and "1.0" not in finding["fix"]
+
+
+# --------------------------------------------------------------------------- _target_ sections
+def test_target_sections_are_accepted_as_bridge_instantiates_them():
+    code, report = _json(DATA / "target_sections.yaml", dp_size=8)
+    assert code == 0, report
+    assert _status(report)["MX101"] == "pass"
+    assert _status(report)["MX001"] == "pass"  # judged as bf16_with_mxfp8_mixed: reuse on
+
+
+@pytest.mark.parametrize(
+    "name, rule",
+    [("target_recipe_owns_reuse.yaml", "MX005"), ("target_mxfp8_overlap_off.yaml", "MX006")],
+)
+def test_target_recipe_function_is_judged_as_that_recipe(name, rule):
+    code, report = _json(DATA / name)
+    assert code == 1 and _status(report)[rule] == "fail", report
+
+
+def test_target_recipe_function_with_arguments_is_an_error(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "mixed_precision:\n  _target_: megatron.bridge.training.mixed_precision.bf16_with_mxfp8_mixed\n"
+        "  fp8_param_gather: false\n"
+    )
+    code, out, _ = _run(path)
+    assert code == 1 and "error MX101 mixed_precision.fp8_param_gather" in out
+
+
+def test_unknown_target_recipe_name_is_mx103(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("mixed_precision:\n  _target_: megatron.bridge.training.mixed_precision.bf16_mxfp8\n")
+    code, out, _ = _run(path)
+    assert code == 1 and "error MX103 mixed_precision._target_" in out and "bf16_with_mxfp8_mixed" in out
+
+
+# --------------------------------------------------------------------------- converted values
+def test_dtype_names_are_judged_by_the_installed_bridge():
+    facts = schema.bridge_facts()
+    code, report = _json(DATA / "dtype_names.yaml")
+    bridge_converts_bf16 = facts is not None and "bf16" in facts.dtype_names
+    assert (code == 0) == bridge_converts_bf16, report
+    if facts is None:
+        assert any("not checked" in s or "not installed" in s for s in report["skipped"])
+
+
+def test_bridge_06_dtype_map_is_read_from_its_file(tmp_path):
+    """Bridge >= 0.6 converts through ``str_to_dtype``: its DTYPE_MAP (here a file of ours in the
+    same shape) decides, ``torch.`` aliases included; without the file, torch attribute names."""
+    f = tmp_path / "activation_map.py"
+    f.write_text(
+        'import torch\nDTYPE_MAP: dict = {"bf16": torch.bfloat16, "fp32": torch.float32, "16-mixed": 1}\n'
+    )
+    names = schema._bridge_dtype_names(f)
+    assert {"bf16", "torch.bf16", "fp32", "16-mixed"} <= names and "torch.16-mixed" not in names
+    assert "bfloat16" not in names, "0.6 does not take plain torch names unless DTYPE_MAP lists them"
+    assert "bfloat16" in schema._bridge_dtype_names(tmp_path / "absent.py")
+
+
+def test_recipe_names_come_from_the_installed_registry(tmp_path):
+    facts = schema.bridge_facts()
+    if facts is None:
+        pytest.skip("no Megatron-Bridge installed")
+    assert "bf16_with_mxfp8_mixed" in facts.recipe_names
+    path = tmp_path / "r.yaml"
+    # Registered by Bridge >= 0.6 only: accepted exactly when the installed Bridge has it.
+    path.write_text("mixed_precision: nemotron_3_ultra_bf16_with_nvfp4_mixed\n")
+    code, report = _json(path)
+    assert (_status(report)["MX103"] == "pass") == (
+        "nemotron_3_ultra_bf16_with_nvfp4_mixed" in facts.recipe_names
+    )
+
+
+# --------------------------------------------------------------------------- interpolations
+def test_interpolation_into_the_base_is_not_checked_not_an_error():
+    code, out, err = _run(DATA / "interpolation_base.yaml", dp_size=8, fail_on_warning=True)
+    assert code == 0, out + err
+    assert "not checked: dataset.sequence_length = ${model.seq_length}" in out
+    # resolved inside the file: ddp.overlap_param_gather -> optimizer's true
+    assert read_recipe_file(DATA / "interpolation_base.yaml").data["ddp"]["overlap_param_gather"] is True
+
+
+def test_checked_knob_interpolating_into_the_base_says_so():
+    code, report = _json(DATA / "interpolation_base_knob.yaml")
+    (finding,) = [f for r in report["rules"] for f in r["findings"] if r["id"] == "MX013"]
+    assert "${comm_overlap.overlap_param_gather}, an interpolation into the base recipe" in finding["message"]
+    assert _status(report)["MX006"] == "n/a"  # unknown, not "off"
+
+
+# --------------------------------------------------------------------------- unreadable input
+UNREADABLE = {
+    "bad_duplicate_section.yaml": "found duplicate key ddp",
+    "bad_env_interpolation.yaml": "checkpoint.save: cannot resolve ${oc.env:MXFP8_PLUGIN_SURELY_UNSET",
+    "bad_missing_value.yaml": "ddp.overlap_param_gather is '???'",
+    "bad_list_document.yaml": "the recipe is a list",
+    "bad_scalar_document.yaml": "the recipe is a int",
+    "bad_anchor_bomb.yaml": "anchors and aliases expand to more than",
+    "bad_anchor_bomb_unknown_key.yaml": "anchors and aliases expand to more than",
+    "bad_interpolation_fanout.yaml": "expands through more than",
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREADABLE))
+def test_unreadable_files_give_one_line_and_exit_2(name):
+    code, out, err = _run(DATA / name)
+    assert code == 2, out + err
+    assert err == f"error: {DATA / name}: {err.split(': ', 2)[2]}" and err.count("\n") == 1
+    assert UNREADABLE[name] in err and "Traceback" not in out + err
+
+
+def test_non_utf8_directory_huge_and_multi_document(tmp_path):
+    cases = {
+        "latin1.yaml": (b"ddp:\n  x: caf\xe9\n", "is not UTF-8 text (byte 0xe9 at offset 13)"),
+        "two.yaml": (b"ddp: {}\n---\noptimizer: {}\n", "holds several YAML documents"),
+        "huge.yaml": (b"#" * (MAX_BYTES + 1), f"check reads recipes of at most {MAX_BYTES} bytes"),
+    }
+    for name, (content, want) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        code, _, err = _run(tmp_path / name)
+        assert code == 2 and want in err and err.count("\n") == 1, (name, err)
+    code, _, err = _run(tmp_path)
+    assert code == 2 and err == f"error: {tmp_path}: is a directory; give a recipe YAML file\n"
+
+
+_MEASURE = textwrap.dedent(
+    """
+    import io, json, resource, sys, time
+    from mbridge_mxfp8_plugin.check import run_check
+    t0 = time.perf_counter()
+    err = io.StringIO()
+    code = run_check(sys.argv[1], out=io.StringIO(), err=err)
+    print(json.dumps({"code": code, "s": time.perf_counter() - t0, "err": err.getvalue(),
+                      "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    """
+)
+
+
+@pytest.mark.parametrize("name", ["bad_anchor_bomb.yaml", "bad_anchor_bomb_unknown_key.yaml"])
+def test_anchor_bomb_is_refused_within_2s_and_200mb(name):
+    """The PyYAML reader took 50 s and 3.3 GB on these. Measured in a fresh process (its own
+    peak RSS, interpreter included) so nothing else the suite did counts."""
+    env = {**os.environ, "NO_VCS_VERSION": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(DATA / name)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
+    )  # fmt: skip
+    result = json.loads(proc.stdout)
+    assert result["code"] == 2 and result["err"].count("\n") == 1, result
+    assert result["s"] < 2.0 and result["maxrss_mb"] < 200, result
+
+
+# --------------------------------------------------------------------------- messages
+def test_mx004_fix_clears_the_finding(tmp_path):
+    code, report = _json(DATA / "fsdp_in_dist.yaml")
+    (finding,) = [f for r in report["rules"] for f in r["findings"] if r["id"] == "MX004"]
+    fix = yaml.safe_load(finding["fix"])
+    data = yaml.safe_load((DATA / "fsdp_in_dist.yaml").read_text())
+    for section, knobs in fix.items():
+        data.setdefault(section, {}).update(knobs)
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text(yaml.safe_dump(data))
+    code, report = _json(fixed)
+    assert _status(report)["MX004"] == "pass", report
+
+
+def test_stated_false_is_not_called_unset():
+    code, report = _json(DATA / "comm_overlap_stated_false.yaml")
+    (finding,) = [f for r in report["rules"] for f in r["findings"] if r["id"] == "MX013"]
+    assert "ddp.overlap_param_gather is stated false, but comm_overlap overwrites it" in finding["message"]
+    assert "not set" not in finding["message"]
+    assert _status(report)["MX006"] == "n/a"  # unknown: neither "off" nor a pass
+    code, report = _json(DATA / "comm_overlap_stated_false.yaml", dp_size=8)
+    assert _status(report)["MX013"] == "pass"  # with the dp size, comm_overlap's default is known
+
+
+def test_mx006_says_stated_false_when_it_is(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("ddp:\n  overlap_param_gather: false\n")
+    _, report = _json(path)
+    (mx006,) = [r for r in report["rules"] if r["id"] == "MX006"]
+    assert mx006["status"] == "pass" and mx006["note"] == "overlap_param_gather stated false"
+    path.write_text("ddp:\n  use_distributed_optimizer: true\n")
+    _, report = _json(path)
+    (mx006,) = [r for r in report["rules"] if r["id"] == "MX006"]
+    assert mx006["status"] == "n/a" and "not set in this recipe" in mx006["note"]
+
+
+def test_data_files_exist():
+    assert len(list(Path(DATA).glob("*.yaml"))) >= 15
