@@ -13,8 +13,19 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-__all__ = ["DEFECTS", "Defect", "CoreFiles", "core_package_dir", "probe_core_files"]
+__all__ = [
+    "DEFECTS",
+    "TRAINING_DEFECTS",
+    "CoreFiles",
+    "Defect",
+    "LoopStaging",
+    "core_defects",
+    "core_package_dir",
+    "defects_present",
+    "probe_core_files",
+]
 
 
 @dataclass(frozen=True)
@@ -93,9 +104,53 @@ class CoreFiles:
     @property
     def defects(self) -> list[str]:
         """Core-side defects present (A, B1, C); B2 and E belong to the loop."""
-        found = [("A", self.pads_bucket_offsets), ("B1", self.forced_sync_writes_back)]
-        found.append(("C", self.has_dispatch_reset))
-        return [d for d, fixed in found if not fixed]
+        return core_defects(
+            pads_bucket_offsets=self.pads_bucket_offsets,
+            forced_sync_writes_back=self.forced_sync_writes_back,
+            has_dispatch_reset=self.has_dispatch_reset,
+        )
+
+
+#: The defects a training run (not an eval-only job) can hit, in table order.
+TRAINING_DEFECTS = ("A", "B1", "B2", "C")
+
+
+def core_defects(
+    *, pads_bucket_offsets: bool | None, forced_sync_writes_back: bool | None, has_dispatch_reset: bool | None
+) -> list[str]:
+    """The core-side defects (A, B1, C) that a megatron-core with these behaviours has.
+
+    The one place this is decided: the file probe, ``doctor`` and the config check's installed
+    stack all pass their probe results here. ``None`` (not probed) counts as not present.
+    """
+    fixed = {"A": pads_bucket_offsets, "B1": forced_sync_writes_back, "C": has_dispatch_reset}
+    return [d for d, ok in fixed.items() if ok is False]
+
+
+class LoopStaging(Protocol):
+    """What :func:`defects_present` needs to know about a training loop (e.g. the installed
+    Megatron-Bridge's, :class:`mbridge_mxfp8_plugin.upstream.BridgeLoopBehaviour`)."""
+
+    @property
+    def stages_before_eval(self) -> bool: ...
+
+    @property
+    def stages_before_every_forced_sync(self) -> bool: ...
+
+
+def defects_present(core: CoreFiles, loop: LoopStaging | None) -> dict[str, bool]:
+    """Every defect of :data:`DEFECTS` -> present in this stack.
+
+    B2 is the loop's: present unless the loop stages the main params before *every* forced sync
+    (Bridge 0.6); a loop that stages before evals only (Bridge 0.5) still saves gathered
+    gradients, and with no Bridge installed any hand-written loop is assumed not to stage. E is
+    in no release's fix list: an eval-only job never stages.
+    """
+    core_side = core.defects
+    present = {d: d in core_side for d in ("A", "B1", "C")}
+    present["B2"] = loop is None or not loop.stages_before_every_forced_sync
+    present["E"] = True
+    return {d: present[d] for d in DEFECTS}
 
 
 def core_package_dir() -> Path | None:

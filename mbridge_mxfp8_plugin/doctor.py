@@ -1,36 +1,24 @@
 """``mxfp8-plugin doctor``: which MXFP8 param-gather defects the installed stack has, and the fix.
 
-Reads behaviour, not version strings: megatron-core classes are probed (``upstream.probe_core``,
-``upstream.probe_bucket_offsets``), Megatron-Bridge's loop is read as text from its installed
-``training/train.py`` (importing Bridge needs Transformer Engine). Always exits 0; ``--json``
-prints the same report machine-readably. docs/compatibility.md lists the result per release pair.
+Renders the one defect table (:data:`mbridge_mxfp8_plugin.defects.DEFECTS`) for the installed
+stack. Which defects are present is decided in :func:`mbridge_mxfp8_plugin.defects.defects_present`
+from the installed sources read as text (megatron-core's param-sync files, Megatron-Bridge's
+``training/train.py``), never from version strings and without importing torch, megatron-core or
+Bridge (importing Bridge needs Transformer Engine). Always exits 0; ``--json`` prints the same
+report machine-readably. docs/compatibility.md lists the result per release pair.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import warnings
+from dataclasses import asdict
 from typing import Any, TextIO
 
+from .defects import DEFECTS, TRAINING_DEFECTS, defects_present, probe_core_files
+
 __all__ = ["add_doctor_parser", "diagnose", "render"]
-
-DEFECTS = ("A", "B1", "B2", "C", "E")
-
-_WHAT = {
-    "A": "bucket param_to_index ignores the 64-element param padding: the MXFP8 copy-back after the "
-    "all-gather hands params their neighbours' values",
-    "B1": "a forced (synchronous) param all-gather before eval/save does not write the gathered weights "
-    "into the params: eval and saves see the previous iteration's weights",
-    "B2": "the training loop does not stage the fp32 main params before its forced all-gather: the "
-    "shared buffer still holds gradients, which become the weights wherever core writes them back",
-    "C": "param_gather_dispatched stays set after a forced sync: the next training step skips gather, "
-    "copy-back and re-zeroing (polluted gradients, stale weights)",
-    "E": "eval-only jobs (skip_train) keep the forward pre-hooks on: the first eval forward gathers the "
-    "never-staged shared buffer over the loaded weights",
-}
 
 
 def _plugin_action(defect: str, present: bool, partial: str = "") -> str:
@@ -43,20 +31,19 @@ def _plugin_action(defect: str, present: bool, partial: str = "") -> str:
             "E": "nothing",
         }[defect]
     return {
-        "A": "rewrites bucket.param_to_index from the buffer's padded layout at on_train_start",
-        "B1": "writes the gathered buffer into the params and re-zeroes it (on_eval_start, on_test_start, "
-        "on_train_end; before saves at on_train_step_end)",
-        "B2": "stages the main params at on_train_step_end before the loop's forced sync"
+        "A": "rewrites bucket.param_to_index from the buffer's padded layout when it binds (train start)",
+        "B1": "writes the gathered weights into the params before eval/test (Bridge on_eval_start, "
+        "Lightning on_validation_start, loop API before_eval), before saves and after training",
+        "B2": "stages the main params before the loop's forced sync"
         + (f" ({partial})" if partial else "")
-        + "; no extra all-gather",
-        "C": "resets param_gather_dispatched at on_train_step_start / on_eval_end / on_checkpoint_save",
-        "E": "keeps the loaded weights: marks the bucket groups synced at on_eval_start without an optimizer",
+        + "; the Bridge callback adds no all-gather, the loop API one per eval",
+        "C": "resets param_gather_dispatched when the next step starts and after each eval or save",
+        "E": "keeps the loaded weights: marks the bucket groups synced before an eval without an optimizer",
     }[defect]
 
 
 def diagnose() -> dict[str, Any]:
     """The report as a dict (what ``--json`` prints)."""
-    os.environ.setdefault("NO_VCS_VERSION", "1")
     from .upstream import installed_versions, probe_bridge_files
 
     report: dict[str, Any] = {
@@ -67,44 +54,31 @@ def diagnose() -> dict[str, Any]:
     }
     loop = probe_bridge_files()
     report["bridge_loop"] = loop.as_dict() if loop else None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from .upstream import probe_bucket_offsets, probe_core
-
-            core = probe_core()
-            offsets_ok = probe_bucket_offsets()
-    except Exception as exc:  # noqa: BLE001 - report, never crash: doctor is for broken setups too
-        report["error"] = f"megatron-core could not be probed: {type(exc).__name__}: {exc}"
+    core = probe_core_files()
+    if core is None:
+        report["error"] = (
+            "megatron-core is not installed (no megatron/core/distributed/param_and_grad_buffer.py)"
+        )
         return report
-    report["core"] = {**core.as_dict(), "bucket_offsets_padded": offsets_ok}
+    report["core"] = asdict(core)
     if not core.has_reuse_knob:
         report["error"] = "megatron-core has no reuse_grad_buf_for_mxfp8_param_ag: nothing to fix"
         return report
-    present = {
-        "A": not offsets_ok,
-        "B1": not core.forced_sync_writes_back,
-        "C": not core.has_dispatch_reset,
-        "E": True,  # no release stages or guards before an eval-only job's first forward
-    }
+    present = defects_present(core, loop)
     partial = ""
     if loop is None:
-        present["B2"] = True
         partial = "no Megatron-Bridge installed: assumed for any loop that does not stage"
-    elif loop.stages_before_every_forced_sync:
-        present["B2"] = False
-    elif loop.stages_before_eval:
-        present["B2"] = True
+    elif present["B2"] and loop.stages_before_eval:
         partial = "the loop stages before evals only; saves and the closing sync are not staged"
-    else:
-        present["B2"] = True
-    for d in DEFECTS:
+    for d, defect in DEFECTS.items():
         report["defects"][d] = {
             "present": present[d],
-            "what": _WHAT[d],
+            "what": defect.symptom,
+            "where": defect.where,
+            "fixed_in": defect.fixed_in,
             "plugin": _plugin_action(d, present[d], partial if d == "B2" else ""),
         }
-    training_defects = [d for d in ("A", "B1", "B2", "C") if present[d]]
+    training_defects = [d for d in TRAINING_DEFECTS if present[d]]
     report["present"] = training_defects
     report["plugin_mode"] = (
         "active" if training_defects else "passive (training); holds weights for eval-only jobs"
@@ -138,6 +112,7 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
     for d, info in report["defects"].items():
         mark = "PRESENT" if info["present"] else "fixed  "
         p(f"  {d:<3} {mark}  {info['what']}")
+        p(f"               where: {info['where']}; fixed upstream in: {info['fixed_in']}")
         p(f"               plugin: {info['plugin']}")
     listed = ", ".join(report["present"]) or "none"
     p(f"training defects present: {listed}; plugin mode: {report['plugin_mode']}")

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Lint tier of CI: ruff and mypy on a clean clone, in the main venv (`make test` builds it).
+# mypy checks against the lowest supported Python (pyproject's [tool.mypy] python_version).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=$VENV/bin/python
+[ -x "$PY" ] || { echo "lint: $PY not found; run 'make test' (or make demo) first to build $VENV" >&2; exit 2; }
+"$PY" -m pip install -q --disable-pip-version-check ruff mypy types-PyYAML
+echo "ruff $("$PY" -m ruff --version | cut -d' ' -f2), mypy $("$PY" -m mypy --version | cut -d' ' -f2)"
+"$PY" -m ruff check mbridge_mxfp8_plugin tests
+"$PY" -m mypy mbridge_mxfp8_plugin
