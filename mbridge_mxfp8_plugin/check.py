@@ -82,7 +82,12 @@ def run_check(
         _emit_unreadable(str(exc), as_json, out, err)
         return EXIT_UNREADABLE
     for key, expr in recipe_input.base_refs.items():
-        report.skipped.append(f"{key} = {expr}: an interpolation into the base recipe (not in this file)")
+        what = (
+            "keeps the base recipe's value (or give it on the command line)"
+            if expr == "???"
+            else "an interpolation into the base recipe (not in this file)"
+        )
+        report.skipped.append(f"{key} = {expr}: {what}")
     for key in recipe_input.base_deletions:
         report.skipped.append(f"~{key}: deletes a key of the base recipe (not in this file)")
     if as_json:

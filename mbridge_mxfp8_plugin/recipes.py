@@ -36,14 +36,14 @@ __all__ = [
 def read_recipe(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
     """The whole recipe (plugin section included) with overrides applied; raises :class:`RecipeError`.
 
-    An interpolation into the base recipe cannot be resolved without it: refused here, where
-    the result is meant to be applied (``check`` reports such values as "not checked" instead).
+    An interpolation into the base recipe (or ``???``) cannot be resolved without it: refused
+    here, where the result is meant to be applied (``check`` reports such values as "not checked" instead).
     """
     recipe = read_recipe_file(path, overrides)
     if recipe.base_refs:
         key, expr = next(iter(recipe.base_refs.items()))
         raise RecipeError(
-            f"{path}: {key} is {expr}, an interpolation into the base recipe; apply this file with "
+            f"{path}: {key} is {expr}, which only the base recipe decides; apply this file with "
             "Bridge's process_config_with_overrides (which has the base), or write the value"
         )
     return recipe.data

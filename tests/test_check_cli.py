@@ -140,3 +140,43 @@ def test_malformed_input_through_the_real_console_script(tmp_path):
     proc = _cli(str(bad))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "MX102 ddp.overlap_param_gather" in proc.stderr
+
+
+def _imported(*args: str) -> set[str]:
+    """Every module a real ``python -X importtime`` process imported."""
+    env = {**os.environ, "NO_VCS_VERSION": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    return {
+        line.rsplit("|", 1)[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides", [[], ["optimizer.lr=3e-4", "~ddp.bucket_size"]], ids=["file", "overrides"]
+)
+def test_check_imports_neither_torch_nor_megatron_core(overrides):
+    """The property behind check's speed: the installed releases are read from their files."""
+    modules = _imported(
+        "-m", "mbridge_mxfp8_plugin.cli", "check", str(RECIPES[0].relative_to(ROOT)), *overrides
+    )
+    assert "mbridge_mxfp8_plugin.config.rules" in modules and "omegaconf" in modules  # it did run
+    heavy = sorted(
+        m for m in modules if m.split(".")[0] in ("torch", "lightning") or m.startswith("megatron.")
+    )
+    assert heavy == [], heavy
+
+
+def test_importing_the_package_is_lazy():
+    modules = _imported("-c", "import mbridge_mxfp8_plugin as m; m.PluginOptions; m.MXFP8ConfigError")
+    assert not any(m.split(".")[0] == "torch" or m.startswith("megatron.") for m in modules)
+    assert "mbridge_mxfp8_plugin.bridge" not in modules and "mbridge_mxfp8_plugin.validate" not in modules

@@ -133,6 +133,17 @@ def test_interpolation_into_the_base_is_not_checked_not_an_error():
     assert read_recipe_file(DATA / "interpolation_base.yaml").data["ddp"]["overlap_param_gather"] is True
 
 
+def test_missing_value_keeps_the_base_value_and_is_not_checked():
+    """``???`` merged onto the base recipe keeps the base's value (Bridge's VL examples use it for
+    "give this on the command line"): accepted, reported as not checked, never a traceback."""
+    code, out, err = _run(DATA / "missing_value.yaml")
+    assert code == 0 and "Traceback" not in out + err
+    assert "not checked: checkpoint.save = ???: keeps the base recipe's value" in out
+    assert "ddp.overlap_param_gather is ??? (the base recipe's value is kept)" in out  # MX013
+    code, out, _ = _run(DATA / "missing_value.yaml", ["ddp.overlap_param_gather=true"], fail_on_warning=True)
+    assert code == 0, out
+
+
 def test_checked_knob_interpolating_into_the_base_says_so():
     code, report = _json(DATA / "interpolation_base_knob.yaml")
     (finding,) = [f for r in report["rules"] for f in r["findings"] if r["id"] == "MX013"]
@@ -144,7 +155,6 @@ def test_checked_knob_interpolating_into_the_base_says_so():
 UNREADABLE = {
     "bad_duplicate_section.yaml": "found duplicate key ddp",
     "bad_env_interpolation.yaml": "checkpoint.save: cannot resolve ${oc.env:MXFP8_PLUGIN_SURELY_UNSET",
-    "bad_missing_value.yaml": "ddp.overlap_param_gather is '???'",
     "bad_list_document.yaml": "the recipe is a list",
     "bad_scalar_document.yaml": "the recipe is a int",
     "bad_anchor_bomb.yaml": "anchors and aliases expand to more than",

@@ -6,7 +6,8 @@ Bridge's ``--config-file`` path (``training/utils/omegaconf_utils.py``, 0.3 to 0
 then ``OmegaConf.to_container(resolve=True)``. We call the same functions, so ``lr: 1e-4`` is the
 float 0.0001 here as it is there, a duplicate key is refused here as it is there, and a quoted
 ``'true'`` stays a string. The one thing ``check`` lacks is the base recipe (a Python function):
-an interpolation into it is kept as :class:`BaseRef` ("not checked"), never guessed.
+an interpolation into it, and ``???`` (which keeps the base's value when merged), are kept as
+:class:`BaseRef` ("not checked"), never guessed.
 
 Hostile input is bounded *before* OmegaConf sees it (OmegaConf copies every alias into its own
 node tree, so a 1 kB anchor bomb becomes gigabytes): a size cap, strict UTF-8, and a scan of the
@@ -36,13 +37,18 @@ MAX_NODES = 200_000
 MAX_INTERPOLATION_FANOUT = 10_000
 
 
+#: OmegaConf's mandatory-value marker.
+MISSING = "???"
+
+
 class RecipeError(MXFP8ConfigError):
     """The recipe could not be read at all: one line naming the file and the cause."""
 
 
 @dataclass(frozen=True)
 class BaseRef:
-    """A value that interpolates into the base recipe, which ``check`` does not have."""
+    """A value only the base recipe (which ``check`` does not have) decides: an interpolation
+    into it, or ``???``, which merged onto it keeps the base's value."""
 
     expr: str
 
@@ -56,7 +62,7 @@ class RecipeInput:
 
     path: str
     data: dict[str, Any]
-    #: dotted key -> interpolation into the base recipe (not resolvable without it)
+    #: dotted key -> interpolation into the base recipe, or ``???`` (decided by the base recipe)
     base_refs: dict[str, str] = field(default_factory=dict)
     #: ``~key`` overrides of keys this file does not have (they delete from the base recipe)
     base_deletions: list[str] = field(default_factory=list)
@@ -260,23 +266,20 @@ def _resolve(path: Path, node: Any, prefix: str, refs: dict[str, str]) -> Any:
         OmegaConfBaseException,
     )
 
-    keys = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
+    keys: list[Any] = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
     out: Any = {} if isinstance(node, DictConfig) else []
     for key in keys:
         dotted = f"{prefix}{key}"
         if OmegaConf.is_missing(node, key):
-            raise _fail(
-                path,
-                f"{dotted} is '???' (OmegaConf's mandatory value): Bridge keeps the base recipe's value "
-                "there, which check cannot see; write the value, or delete the line",
-            )
-        if OmegaConf.is_interpolation(node, key):
+            # OmegaConf's "mandatory" value: merged onto the base recipe it keeps the base's value
+            # (Bridge's own examples use it for "give this on the command line").
+            refs[dotted] = MISSING
+            value: Any = BaseRef(MISSING)
+        elif OmegaConf.is_interpolation(node, key):
             expr = str(node._get_node(key)._value())
             try:
                 value = node[key]
-            except InterpolationToMissingValueError:
-                raise _fail(path, f"{dotted}: {expr} points at a '???' value") from None
-            except InterpolationKeyError:
+            except (InterpolationKeyError, InterpolationToMissingValueError):
                 refs[dotted] = expr
                 value = BaseRef(expr)
             except OmegaConfBaseException as exc:

@@ -415,7 +415,8 @@ def _bridge_dtype_names(activation_map: Path) -> frozenset[str]:
         target = getattr(node, "target", None)
         if isinstance(node, ast.AnnAssign) and getattr(target, "id", "") == "DTYPE_MAP":
             if isinstance(node.value, ast.Dict):
-                keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+                consts = [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+                keys |= {k for k in consts if isinstance(k, str)}
     aliases = {f"torch.{k}" for k in keys if "." not in k and not k[0].isdigit() and "-" not in k}
     return frozenset(keys | aliases)
 

@@ -572,7 +572,10 @@ class EffectiveConfig:
         recipe, or stated (in ``where``) but overwritten by comm_overlap with a dp-size
         dependent default."""
         if v.path in self.view.base_refs:
-            return f"is {self.view.base_refs[v.path]}, an interpolation into the base recipe"
+            expr = self.view.base_refs[v.path]
+            if expr == "???":
+                return "is ??? (the base recipe's value is kept)"
+            return f"is {expr}, an interpolation into the base recipe"
         if v.path.startswith("comm_overlap."):
             sec, _, knob = where.partition(".")
             stated = self.view.raw(sec, knob) if knob else Val(UNKNOWN, where)
