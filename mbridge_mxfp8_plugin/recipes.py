@@ -62,7 +62,7 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict[s
 
 
 # --------------------------------------------------------------------------- applying
-#: Bridge >= 0.6's short dtype names (``str_to_dtype``) -> torch attribute names.
+#: Bridge >= 0.4's short dtype names (``str_to_dtype``) -> torch attribute names.
 _DTYPE_ALIASES = {
     "fp32": "float32", "32": "float32", "32-true": "float32", "fp16": "float16", "16": "float16",
     "16-mixed": "float16", "bf16": "bfloat16", "bf16-mixed": "bfloat16", "fp8": "float8_e4m3fn",

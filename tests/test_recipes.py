@@ -97,7 +97,7 @@ def test_interpolations_resolve_in_the_file_and_refuse_the_base(tmp_path):
     assert read_recipe(path)["checkpoint"]["save_interval"] == 3
     path.write_text("dataset:\n  sequence_length: ${model.seq_length}\n")
     with pytest.raises(
-        RecipeError, match=r"dataset.sequence_length is \$\{model.seq_length\}, an interpolation"
+        RecipeError, match=r"sequence_length is \$\{model.seq_length\}, which only the base recipe decides"
     ):
         read_recipe(path)
 

@@ -264,12 +264,15 @@ def test_bridge_container_unknown_recipe_name_and_fsdp():
 
 
 def test_installed_stack_probe_matches_this_core():
+    """check reads the installed core from its files; the engine decides from the imported
+    classes. On this core both must say the same."""
+    from mbridge_mxfp8_plugin.upstream import probe_bucket_offsets, probe_core
+
     stack = InstalledStack.detect()
-    assert stack.core is not None
-    # Probe-derived, and consistent with the CoreBehaviour flags the plugin's engine uses.
+    assert stack.core == probe_core()
+    assert stack.core_pads_bucket_offsets == probe_bucket_offsets()
     assert ("B1" in stack.defects) == (not stack.core.forced_sync_writes_back)
     assert ("C" in stack.defects) == (not stack.core.has_dispatch_reset)
-    assert stack.core_pads_bucket_offsets is not None
 
 
 def test_report_json_round_trip():

@@ -220,7 +220,7 @@ def example_value(annotation: Any) -> str:
 #: Hydra's reserved keys in a ``_target_`` section: consumed by instantiate(), not fields.
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_", "_call_"})
 
-#: ``torch`` attributes that are dtypes: what Bridge <= 0.5 accepts for a dtype field
+#: ``torch`` attributes that are dtypes: what Bridge 0.3 accepts for a dtype field
 #: (``getattr(torch, value.split(".")[-1])``), listed so that no torch import is needed.
 TORCH_DTYPE_NAMES = frozenset(
     {
@@ -404,7 +404,7 @@ def bridge_facts() -> BridgeFacts | None:
 
 
 def _bridge_dtype_names(activation_map: Path) -> frozenset[str]:
-    """Bridge >= 0.6 converts through ``str_to_dtype`` (its ``DTYPE_MAP`` plus ``torch.`` aliases);
+    """Bridge >= 0.4 converts through ``str_to_dtype`` (its ``DTYPE_MAP`` plus ``torch.`` aliases);
     earlier releases through ``getattr(torch, name.split('.')[-1])``."""
     try:
         tree = ast.parse(activation_map.read_text(encoding="utf-8", errors="replace"))
