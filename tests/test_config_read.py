@@ -257,3 +257,27 @@ def test_mx006_says_stated_false_when_it_is(tmp_path):
 
 def test_data_files_exist():
     assert len(list(Path(DATA).glob("*.yaml"))) >= 15
+
+
+@pytest.mark.parametrize("blocked, overrides", [("omegaconf", []), ("hydra", ["ddp.bucket_size=4e7"])])
+def test_missing_reader_is_one_line_naming_the_fix(blocked, overrides):
+    script = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"
+        "from mbridge_mxfp8_plugin.cli import main\n"
+        f"sys.exit(main(['check', 'recipes/tiny_debug_mxfp8.yaml', *{overrides!r}]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"({blocked} is not importable): pip install" in proc.stderr
+
+
+def test_without_bridge_the_report_says_what_was_not_checked(monkeypatch):
+    monkeypatch.setattr(schema, "bridge_facts", lambda: None)
+    import mbridge_mxfp8_plugin.config.view as view
+
+    monkeypatch.setattr(view, "bridge_facts", lambda: None)
+    code, out, _ = _run(DATA / "dtype_names.yaml")
+    assert code == 0, out  # bf16 not judged without a Bridge to say what it converts
+    assert "not checked: mixed_precision recipe names and dtype names" in out

@@ -17,7 +17,7 @@ out are bounded the same way before anything is resolved.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import io
 import re
 from collections.abc import Iterable
@@ -303,12 +303,15 @@ def read_recipe_file(path: str | Path, overrides: Iterable[str] = ()) -> RecipeI
     text = _read_text(p)
     overrides = list(overrides)
     # hydra costs ~0.3 s to import: only when there are overrides (Bridge parses them only then too).
-    for module in ("omegaconf", "hydra") if overrides else ("omegaconf",):
-        if importlib.util.find_spec(module) is None:
+    for module in ("omegaconf", "hydra.core.override_parser.overrides_parser")[: 2 if overrides else 1]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
             raise RecipeError(
                 f"{p}: reading a recipe needs omegaconf and hydra-core, Megatron-Bridge's own readers "
-                f"({module} is not installed): pip install 'omegaconf>=2.3,<2.4' 'hydra-core>=1.3,<1.4'"
-            )
+                f"({module.split('.')[0]} is not importable): "
+                "pip install 'omegaconf>=2.3,<2.4' 'hydra-core>=1.3,<1.4'"
+            ) from None
     cfg = _load(p, text)
     deletions: list[str] = []
     if overrides:
