@@ -13,9 +13,11 @@ and in 0.5.1/0.6.2). :func:`evaluate_only` is pretrain's ``skip_train`` path.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -34,8 +36,65 @@ __all__ = [
     "find_bridge_file",
     "load_bridge_callbacks",
     "loop_order",
+    "recording_param_syncs",
     "train",
 ]
+
+
+@contextlib.contextmanager
+def recording_param_syncs(events: list[str]) -> Iterator[list[str]]:
+    """Append to ``events`` every pre-hook toggle, forced param sync and main-param staging.
+
+    Instruments megatron-core's classes, not a loop, so the very same record comes out of this
+    replica and of Bridge's real ``train()``: ``disable_pre_hooks`` / ``enable_pre_hooks``
+    (``DistributedDataParallel.{disable,enable}_forward_pre_hook``), ``force_sync``
+    (``start_param_sync(force_sync=True)``, also the one inside a disable) and ``stage``
+    (``DistributedOptimizer._copy_main_params_to_param_buffer``, whoever calls it: the loop's
+    per-step copy, Bridge 0.5's pre-eval staging, core 0.19's ``prepare_model_params_for_param_sync``
+    or the plugin). Combined with a callback that logs its events, two loops that produce the same
+    list made the same calls in the same order.
+    """
+    from megatron.core.distributed import DistributedDataParallel as DDP
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as DistOpt
+
+    originals = {
+        (DDP, "disable_forward_pre_hook"): DDP.disable_forward_pre_hook,
+        (DDP, "enable_forward_pre_hook"): DDP.enable_forward_pre_hook,
+        (DDP, "start_param_sync"): DDP.start_param_sync,
+        (DistOpt, "_copy_main_params_to_param_buffer"): DistOpt._copy_main_params_to_param_buffer,
+    }
+
+    def disable(self: Any, *args: Any, **kwargs: Any) -> Any:
+        param_sync = kwargs.get("param_sync", args[0] if args else True)
+        events.append("disable_pre_hooks" if param_sync else "disable_pre_hooks(no_sync)")
+        return originals[(DDP, "disable_forward_pre_hook")](self, *args, **kwargs)
+
+    def enable(self: Any, *args: Any, **kwargs: Any) -> Any:
+        events.append("enable_pre_hooks")
+        return originals[(DDP, "enable_forward_pre_hook")](self, *args, **kwargs)
+
+    def start_param_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("force_sync", False):
+            events.append("force_sync")
+        return originals[(DDP, "start_param_sync")](self, *args, **kwargs)
+
+    def stage(self: Any, *args: Any, **kwargs: Any) -> Any:
+        events.append("stage")
+        return originals[(DistOpt, "_copy_main_params_to_param_buffer")](self, *args, **kwargs)
+
+    replacements = {
+        (DDP, "disable_forward_pre_hook"): disable,
+        (DDP, "enable_forward_pre_hook"): enable,
+        (DDP, "start_param_sync"): start_param_sync,
+        (DistOpt, "_copy_main_params_to_param_buffer"): stage,
+    }
+    for (cls, name), fn in replacements.items():
+        setattr(cls, name, fn)
+    try:
+        yield events
+    finally:
+        for (cls, name), fn in originals.items():
+            setattr(cls, name, fn)
 
 
 def find_bridge_file(relative: str = "training/callbacks.py") -> Path:
@@ -476,8 +535,9 @@ def train(
     callbacks_module: ModuleType | None = None,
     run_test: bool = False,
     loop: str | LoopOrder | None = None,
+    run_valid: bool = False,
 ) -> RunRecord:
-    """train.py ``train()`` (+ pretrain.py's test eval) of the given Bridge release, in its order.
+    """train.py ``train()`` (+ pretrain.py's closing evals) of the given Bridge release, in its order.
 
     ``loop`` picks the release (``"0.3.1"`` default, ``"0.4.2"``, ``"0.5.1"``, ``"0.6.2"`` or X.Y).
     Line references: 0.3.1 L87-637 | 0.4.2 L91-670 | 0.5.1 L113-805 | 0.6.2 L125-820.
@@ -598,6 +658,10 @@ def train(
     step = state.train_state.step
     if not order.final_save_in_train and ckpt.save and step != 0 and ckpt.save_interval != 0:
         _save(job, order, fire, record, -1, forced=False)
+    if run_valid:  # pretrain.py (0.3.1 L175-187, 0.6.2 L171-182): validation after train(), no toggling
+        record.eval_losses[-2] = evaluate_and_print_results(
+            job, manager, cb, state, eval_batches, loop=order, record=record
+        )
     if run_test:  # pretrain.py (0.3.1 L190-201): test evaluation after train(), no hook toggling
         record.eval_losses[-1] = evaluate_and_print_results(
             job, manager, cb, state, eval_batches, is_test=True, loop=order, record=record

@@ -1,0 +1,189 @@
+"""Build the ConfigContainer of a tiny GPT job for Megatron-Bridge's own ``pretrain()``.
+
+One builder for every Bridge release CI covers (0.3.1 ... 0.6.2): fields that moved between
+releases (``cfg.validation`` from 0.4) are set where the installed release has them.
+
+Sizes: hidden 96 and ffn 160 make every MXFP8 weight a multiple of 1024 elements (so megatron-core's
+MXFP8 buffer is aligned) while the bf16 params of the other buffer (layernorms, biases of 96) are
+not multiples of 64: defect A lives there on core <= 0.16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+HIDDEN, FFN, HEADS, LAYERS, SEQ, VOCAB = 96, 160, 4, 2, 32, 128
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What one real-pretrain run does. ``mode``: reference | mxfp8 (plugin off) | aligned (plugin
+    off, offsets repaired) | plugin."""
+
+    mode: str
+    train_iters: int = 6
+    eval_interval: int = 3
+    eval_iters: int = 2
+    save_interval: int | None = None
+    save_dir: str | None = None
+    load_dir: str | None = None
+    #: with load_dir: the saved iteration to resume from (default: the latest)
+    ckpt_step: int | None = None
+    exit_interval: int | None = None
+    clip_grad: float = 1e9
+    lr: float = 1e-2
+    pp: int = 1
+    vp: int | None = None
+    micro_batch_size: int = 2
+    #: global batch = micro batch x data-parallel size x this
+    num_microbatches: int = 1
+    run_test: bool = True
+    #: record callback events and forced param syncs (replica-vs-real comparison)
+    record_events: bool = False
+    seed: int = 1234
+
+    @property
+    def mxfp8(self) -> bool:
+        return self.mode != "reference"
+
+
+def _kw(cls: Any, **values: Any) -> dict[str, Any]:
+    """Keep only the fields the installed release's dataclass has."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
+def build_config(spec: JobSpec, world_size: int) -> Any:
+    """Import Bridge inside ``bridge_on_cpu()`` before calling this."""
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+    from megatron.bridge.training import config as bc
+    from megatron.bridge.training.comm_overlap import CommOverlapConfig
+    from megatron.bridge.training.tokenizers.config import TokenizerConfig
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    dp = world_size // spec.pp
+    model = GPTModelProvider(
+        **_kw(
+            GPTModelProvider,
+            num_layers=LAYERS if spec.pp == 1 else spec.pp * (spec.vp or 1),
+            hidden_size=HIDDEN,
+            ffn_hidden_size=FFN,
+            num_attention_heads=HEADS,
+            seq_length=SEQ,
+            vocab_size=VOCAB,
+            make_vocab_size_divisible_by=VOCAB,
+            transformer_layer_spec=lambda _cfg: get_gpt_layer_local_spec(),
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            pipeline_dtype=torch.bfloat16,
+            autocast_dtype=torch.bfloat16,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            gradient_accumulation_fusion=False,
+            masked_softmax_fusion=False,
+            cross_entropy_loss_fusion=False,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            apply_rope_fusion=False,
+            persist_layer_norm=False,
+            use_cpu_initialization=True,
+            pipeline_model_parallel_size=spec.pp,
+            virtual_pipeline_model_parallel_size=spec.vp,
+            tensor_model_parallel_size=1,
+            share_embeddings_and_output_weights=spec.pp == 1,
+        )
+    )
+    mx = spec.mxfp8
+    ddp = bc.DistributedDataParallelConfig(
+        **_kw(
+            bc.DistributedDataParallelConfig,
+            use_distributed_optimizer=True,
+            overlap_grad_reduce=True,
+            overlap_param_gather=True,
+            grad_reduce_in_fp32=True,
+            fp8_param_gather=mx,
+            reuse_grad_buf_for_mxfp8_param_ag=mx,
+            check_for_nan_in_grad=False,
+        )
+    )
+    opt = bc.OptimizerConfig(
+        **_kw(
+            bc.OptimizerConfig,
+            optimizer="adam",
+            lr=spec.lr,
+            min_lr=spec.lr,
+            weight_decay=0.0,
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            use_distributed_optimizer=True,
+            overlap_param_gather=True,
+            fp8_recipe="mxfp8" if mx else None,
+            reuse_grad_buf_for_mxfp8_param_ag=mx,
+            clip_grad=spec.clip_grad,
+        )
+    )
+    eval_knobs = dict(eval_interval=spec.eval_interval, eval_iters=spec.eval_iters)
+    has_validation = "validation" in {f.name for f in dataclasses.fields(bc.ConfigContainer)}
+    train = bc.TrainingConfig(
+        **_kw(
+            bc.TrainingConfig,
+            train_iters=spec.train_iters,
+            micro_batch_size=spec.micro_batch_size,
+            global_batch_size=spec.micro_batch_size * dp * spec.num_microbatches,
+            exit_interval=spec.exit_interval,
+            **({} if has_validation else eval_knobs),
+        )
+    )
+    extra: dict[str, Any] = {}
+    if has_validation:
+        extra["validation"] = bc.ValidationConfig(**_kw(bc.ValidationConfig, **eval_knobs))
+    checkpoint = bc.CheckpointConfig(
+        **_kw(
+            bc.CheckpointConfig,
+            save=spec.save_dir,
+            save_interval=spec.save_interval,
+            load=spec.load_dir,
+            ckpt_step=spec.ckpt_step,
+            ckpt_format="torch_dist",
+            async_save=False,
+            fully_parallel_save=False,
+            save_tokenizer_assets=False,
+        )
+    )
+    dataset = bc.MockGPTDatasetConfig(
+        seq_length=SEQ,
+        **_kw(
+            bc.MockGPTDatasetConfig,
+            random_seed=spec.seed,
+            reset_position_ids=False,
+            reset_attention_mask=False,
+            eod_mask_loss=False,
+            num_dataset_builder_threads=1,
+            split="1,1,1",
+            dataloader_type="single",
+            num_workers=0,
+            data_sharding=True,
+        )
+    )
+    return bc.ConfigContainer(
+        rng=bc.RNGConfig(seed=spec.seed),
+        train=train,
+        model=model,
+        optimizer=opt,
+        ddp=ddp,
+        scheduler=bc.SchedulerConfig(
+            **_kw(bc.SchedulerConfig, lr_decay_style="constant", lr_warmup_iters=0, start_weight_decay=0.0,
+                  end_weight_decay=0.0)
+        ),
+        dataset=dataset,
+        logger=bc.LoggerConfig(**_kw(bc.LoggerConfig, log_interval=1, tensorboard_dir=None)),
+        tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=VOCAB),
+        checkpoint=checkpoint,
+        dist=bc.DistributedInitConfig(**_kw(bc.DistributedInitConfig, distributed_backend="gloo")),
+        comm_overlap=CommOverlapConfig(tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True),
+        **extra,
+    )

@@ -1,0 +1,49 @@
+"""The runs the real-pretrain tests assert on: one rank launch, every mode one after the other.
+
+Modes (``JobSpec.mode``): ``reference`` (bf16 params, MXFP8 rounding on the fly, no fp8 param
+gather), ``mxfp8`` (emulated MXFP8 params, fp8 param gather with reuse, plugin off), ``aligned``
+(plugin off, but the bucket offsets repaired at train start: B and C in isolation where A is
+present), ``plugin`` (plugin on), ``resume`` (plugin on, a second ``pretrain()`` that loads the
+plugin run's step-3 checkpoint and trains to the end).
+
+Every training run saves torch_dist checkpoints at its save interval (and at the end), so the
+checkpoint tests read real files written by Bridge's ``save_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bridge_real.config import JobSpec
+
+SAVE_INTERVAL = 3
+
+
+def base_spec(**overrides: Any) -> JobSpec:
+    return replace(JobSpec(mode="reference", train_iters=6, eval_interval=3, save_interval=SAVE_INTERVAL), **overrides)
+
+
+def specs_for(root: Path, *, with_aligned: bool, **overrides: Any) -> dict[str, JobSpec]:
+    """The jobs of one launch, by name; ``root`` holds their checkpoints."""
+    base = base_spec(record_events=True, **overrides)
+    modes = ["reference", "mxfp8"] + (["aligned"] if with_aligned else []) + ["plugin"]
+    specs = {m: replace(base, mode=m, save_dir=str(root / m)) for m in modes}
+    specs["resume"] = replace(
+        base, mode="plugin", save_dir=None, save_interval=None, load_dir=str(root / "plugin"), ckpt_step=SAVE_INTERVAL
+    )
+    return specs
+
+
+def run_all(root: Path, world_size: int = 2, *, with_aligned: bool, **overrides: Any) -> dict[str, list[Any]]:
+    """mode -> per-rank results, from one launch of ``world_size`` ranks."""
+    from mbridge_mxfp8_plugin.testing.launcher import launch
+
+    from bridge_real.worker import run_rank
+
+    specs = specs_for(root, with_aligned=with_aligned, **overrides)
+    timeout = float(os.environ.get("MXFP8_REAL_BRIDGE_TIMEOUT", "1500"))
+    per_rank = launch(run_rank, world_size, tuple(specs.values()), timeout=timeout)
+    return {name: [rank[i] for rank in per_rank] for i, name in enumerate(specs)}

@@ -1,0 +1,228 @@
+"""One rank of a real Megatron-Bridge ``pretrain()`` run (spawned by ``testing.launcher.launch``).
+
+The model is Bridge's ``GPTModelProvider`` with megatron-core's local layer spec. A pre-wrap hook
+(``cfg.model.register_pre_wrap_hook``, the place a user's TE fp8 model init would act) turns the
+attention and MLP weights into emulated MXFP8 params, or, in the reference mode, keeps them bf16
+and applies the same MXFP8 rounding on the fly in forward (straight-through), with no fp8 param
+gather: both runs then see identical weights at every step, so any loss difference is a defect.
+
+What comes back (identical on every rank for the losses): train losses per step, eval losses per
+step, the test loss, the bucket-offset mismatches before and after the callbacks' train start, the
+sequence of callback events and forced param syncs, and the final weights.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from bridge_real.config import JobSpec, build_config
+
+MXFP8_WEIGHTS = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight")
+
+
+@dataclass
+class RankResult:
+    train_losses: dict[int, float] = field(default_factory=dict)
+    #: (step, loss) of every validation run in order: the loop's evals, then pretrain's final one
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)
+    test_loss: float | None = None
+    mismatches_before: list[str] = field(default_factory=list)
+    mismatches_after: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    #: params the pre-wrap hook turned into emulated MXFP8
+    mxfp8_param_names: list[str] = field(default_factory=list)
+    save_dir: str | None = None
+    #: model param name -> (buffer index, bucket index, start, end, shape) in the bucket, the
+    #: layout of the distributed optimizer's per-bucket ``param`` tensors in a torch_dist checkpoint
+    layout: dict[str, tuple[int, int, int, int, tuple[int, ...]]] = field(default_factory=dict)
+    bridge_version: str = ""
+    core_version: str = ""
+    plugin_history: list[str] = field(default_factory=list)
+
+
+def _to_mxfp8(model: list[Any], names: list[str]) -> list[Any]:
+    from mbridge_mxfp8_plugin.testing import make_mxfp8_param
+
+    for chunk in model:
+        for name, module in list(chunk.named_modules()):
+            w = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+            if w is None or not f"{name}.weight".endswith(MXFP8_WEIGHTS):
+                continue
+            new = make_mxfp8_param(w.data)
+            for k, v in w.__dict__.items():  # megatron's tensor-parallel attributes
+                new.__dict__.setdefault(k, v)
+            module._parameters["weight"] = new
+            names.append(_strip(f"{name}.weight"))
+    return model
+
+
+def _quantize_on_the_fly(model: list[Any]) -> list[Any]:
+    from mbridge_mxfp8_plugin.testing import mxfp8_quantize
+
+    def wrap(module: Any) -> None:
+        forward = module.forward
+
+        def quantized_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            w = self._parameters["weight"]
+            q = mxfp8_quantize(w).to(w.dtype)
+            # The module reads self.weight; for one call it is the rounded value, and the
+            # straight-through sum sends the gradient to the real param.
+            self._parameters["weight"] = w + (q - w).detach()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self._parameters["weight"] = w
+
+        module.forward = types.MethodType(quantized_forward, module)
+
+    for chunk in model:
+        for name, module in list(chunk.named_modules()):
+            if "weight" in getattr(module, "_parameters", {}) and f"{name}.weight".endswith(MXFP8_WEIGHTS):
+                wrap(module)
+    return model
+
+
+class _Recorder:
+    """Registered after the plugin: records losses, events, and what the plugin left behind."""
+
+    def __init__(self, result: RankResult, record_events: bool) -> None:
+        self.r, self.record_events = result, record_events
+
+    def _ev(self, name: str) -> None:
+        if self.record_events:
+            self.r.events.append(name)
+
+    def on_train_start(self, ctx: Any) -> None:
+        from mbridge_mxfp8_plugin import check_bucket_alignment
+
+        self._ev("on_train_start")
+        chunks = [c for c in ctx.model if hasattr(c, "buffers")]
+        self.r.mismatches_after = [str(m.param) for m in check_bucket_alignment(chunks, repair=False).mismatches]
+        if len(chunks) == 1:
+            self.r.layout = _layout(chunks[0])
+
+    def on_train_step_start(self, ctx: Any) -> None:
+        self._ev("on_train_step_start")
+
+    def on_train_step_end(self, ctx: Any) -> None:
+        self._ev("on_train_step_end")
+        loss = (ctx.loss_dict or {}).get("lm loss")
+        if loss is not None:
+            self.r.train_losses[ctx.state.train_state.step + 1] = float(loss)
+
+    def on_train_end(self, ctx: Any) -> None:
+        self._ev("on_train_end")
+
+    def on_eval_start(self, ctx: Any) -> None:
+        self._ev("on_eval_start")
+
+    def on_eval_end(self, ctx: Any) -> None:
+        self._ev("on_eval_end")
+        self.r.eval_losses.append((ctx.state.train_state.step, float(ctx.total_loss_dict["lm loss"])))
+
+    def on_test_start(self, ctx: Any) -> None:
+        self._ev("on_test_start")
+
+    def on_test_end(self, ctx: Any) -> None:
+        self._ev("on_test_end")
+        self.r.test_loss = float(ctx.total_loss_dict["lm loss"])
+
+    def on_checkpoint_save(self, ctx: Any) -> None:
+        self._ev("on_checkpoint_save")
+
+
+def _strip(name: str) -> str:
+    while name.startswith("module."):
+        name = name[len("module.") :]
+    return name
+
+
+def _layout(chunk: Any) -> dict[str, tuple[int, int, int, int, tuple[int, ...]]]:
+    names = {p: _strip(n) for n, p in chunk.named_parameters()}
+    out = {}
+    for g, buffer in enumerate(chunk.buffers):
+        for p, (start, end, bucket_id) in buffer.param_index_map.items():
+            offset = buffer.buckets[bucket_id].offset
+            out[names[p]] = (g, bucket_id, start - offset, end - offset, tuple(p.shape))
+    return out
+
+
+class _Aligner:
+    """Plugin off, bucket offsets repaired at train start: B and C without A (mode ``aligned``)."""
+
+    def on_train_start(self, ctx: Any) -> None:
+        from mbridge_mxfp8_plugin import check_bucket_alignment
+
+        check_bucket_alignment([c for c in ctx.model if hasattr(c, "buffers")], repair=True)
+
+
+class _Probe:
+    """Registered first: the bucket offsets megatron-core built, before any callback repairs them."""
+
+    def __init__(self, result: RankResult) -> None:
+        self.r = result
+
+    def on_train_start(self, ctx: Any) -> None:
+        from mbridge_mxfp8_plugin import check_bucket_alignment
+
+        chunks = [c for c in ctx.model if hasattr(c, "buffers")]
+        self.r.mismatches_before = [str(m.param) for m in check_bucket_alignment(chunks, repair=False).mismatches]
+
+
+def run_rank(specs: tuple[JobSpec, ...]) -> list[RankResult]:
+    """Run the jobs one after the other in this rank process.
+
+    Bridge's ``pretrain()`` ends by destroying megatron-core's global state (``_finish_train`` ->
+    ``destroy_global_state``: microbatch calculator, model-parallel groups, rerun state machine)
+    and leaves a process group it did not create alone, so consecutive calls are independent runs;
+    sharing the process saves the ~40 s import of Bridge per mode.
+    """
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("NO_VCS_VERSION", "1")
+    if os.environ.get("BRIDGE_REAL_HANG_DUMP_S"):  # debugging aid: where is a stuck rank?
+        import faulthandler
+
+        faulthandler.dump_traceback_later(int(os.environ["BRIDGE_REAL_HANG_DUMP_S"]))
+    from mbridge_mxfp8_plugin.testing.bridge_cpu import bridge_on_cpu
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
+
+    with bridge_on_cpu(), emulated_mxfp8():
+        return [_run_one(spec) for spec in specs]
+
+
+def _run_one(spec: JobSpec) -> RankResult:
+    from importlib.metadata import version
+
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
+    from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
+    from mbridge_mxfp8_plugin.testing.bridge_loop import recording_param_syncs
+
+    result = RankResult(
+        bridge_version=version("megatron-bridge"), core_version=version("megatron-core"), save_dir=spec.save_dir
+    )
+    cfg = build_config(spec, torch.distributed.get_world_size())
+    if spec.mxfp8:
+        cfg.model.register_pre_wrap_hook(lambda model: _to_mxfp8(model, result.mxfp8_param_names))
+    else:
+        cfg.model.register_pre_wrap_hook(_quantize_on_the_fly)
+    callbacks: list[Any] = [_Probe(result)]
+    plugin = MXFP8ParamSyncCallback() if spec.mode == "plugin" else None
+    if plugin is not None:
+        callbacks.append(plugin)
+    if spec.mode == "aligned":
+        callbacks.append(_Aligner())
+    callbacks.append(_Recorder(result, spec.record_events))
+    sink: list[str] = result.events if spec.record_events else []
+    with recording_param_syncs(sink):
+        pretrain(cfg, forward_step, callbacks=callbacks)
+    if plugin is not None:
+        result.plugin_history = [e for e, _ in plugin.history]
+    return result

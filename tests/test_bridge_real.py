@@ -1,0 +1,220 @@
+"""Megatron-Bridge's own ``pretrain()``, from the installed wheel, on 2 gloo ranks.
+
+Not a replica: ``GPTModelProvider`` (local layer spec), ``MockGPTDatasetConfig``,
+``NullTokenizer``, Bridge's ``train()`` / ``evaluate_and_print_results`` / ``save_checkpoint``
+(torch_dist) and its ``CallbackManager``. On CPU it runs under ``testing.bridge_cpu.bridge_on_cpu``
+(importer-scoped Transformer Engine stub, CUDA RNG and init assert). Every Bridge release CI covers
+runs this file: the main tier (0.3.1 + core 0.16.1) and the matrix cells (``.ci/matrix.sh``).
+
+Schedule: 6 steps, an eval every 3, a checkpoint every 3 (and Bridge's end-of-run save), then
+pretrain's final validation and test evals. Gradient clipping is out of reach (``clip_grad=1e9``):
+the grad norm differs by one float32 step between one bf16 buffer (reference) and the MXFP8 +
+bf16 buffers, and clipping would amplify that past the tolerance, plugin or not.
+
+The plugin-off run must show exactly the defects ``mxfp8-plugin doctor`` lists for the installed
+pair (and no other); the plugin-on run must equal the reference within 1e-4 everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+TOL = 1e-4
+#: The packages Bridge's ``pretrain`` import chain needs beyond the base test venv
+#: (requirements/bridge-real-py3.11.txt, requirements/matrix-py3.12.txt).
+_NEEDED = ("transformers", "modelopt", "omegaconf", "hydra", "tensorboard", "psutil", "megatron.bridge")
+
+
+def _missing() -> list[str]:
+    out = []
+    for name in _NEEDED:
+        try:
+            if importlib.util.find_spec(name) is None:
+                out.append(name)
+        except (ImportError, ValueError):
+            out.append(name)
+    return out
+
+
+_MISSING = _missing()
+if _MISSING and os.environ.get("MXFP8_REAL_BRIDGE") == "require":
+    raise RuntimeError(
+        f"MXFP8_REAL_BRIDGE=require but {_MISSING} are not installed: "
+        "pip install -r requirements/bridge-real-py3.11.txt (Python 3.12: requirements/matrix-py3.12.txt)"
+    )
+pytestmark = pytest.mark.skipif(
+    bool(_MISSING),
+    reason=f"real Bridge pretrain needs {_MISSING}: pip install -r requirements/bridge-real-py3.11.txt",
+)
+
+
+def _stack():
+    from mbridge_mxfp8_plugin.defects import defects_present, probe_core_files
+    from mbridge_mxfp8_plugin.upstream import probe_bridge_files
+
+    core, loop = probe_core_files(), probe_bridge_files()
+    assert core is not None and loop is not None
+    return defects_present(core, loop), loop
+
+
+@pytest.fixture(scope="module")
+def stack():
+    return _stack()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, stack):
+    from bridge_real.runs import run_all
+
+    present, _ = stack
+    return run_all(tmp_path_factory.mktemp("bridge_real"), with_aligned=present["A"])
+
+
+def _clean(runs):
+    """The plugin-off run in which B and C show on their own (A repaired where core has it)."""
+    return runs.get("aligned", runs["mxfp8"])[0]
+
+
+def _off_or_on(runs, plugin: bool):
+    return runs["plugin" if plugin else "mxfp8"][0]
+
+
+def test_real_pretrain_ran_and_ranks_agree(runs):
+    from importlib.metadata import version
+
+    ref = runs["reference"][0]
+    assert ref.bridge_version == version("megatron-bridge") and ref.core_version == version("megatron-core")
+    assert sorted(ref.train_losses) == [1, 2, 3, 4, 5, 6]
+    # the loop's evals at 3 and 6, then pretrain's final validation eval at 6
+    assert [s for s, _ in ref.eval_losses] == [3, 6, 6]
+    assert ref.test_loss is not None
+    for name, per_rank in runs.items():
+        assert per_rank[0].train_losses == per_rank[1].train_losses, name
+        assert per_rank[0].eval_losses == per_rank[1].eval_losses, name
+    for name in ("mxfp8", "plugin"):
+        assert any("linear_qkv.weight" in p for p in runs[name][0].mxfp8_param_names), name
+
+
+@pytest.mark.parametrize("plugin", [False, True], ids=["plugin_off", "plugin_on"])
+def test_defect_a_bucket_offsets(runs, stack, plugin):
+    present, _ = stack
+    run = _off_or_on(runs, plugin)
+    if not present["A"]:
+        assert run.mismatches_before == []
+        return
+    # bf16 params of 96 elements (layernorms, biases) shift every later bucket offset
+    assert any("layernorm" in p or "bias" in p for p in run.mismatches_before), run.mismatches_before
+    assert run.mismatches_after == ([] if plugin else run.mismatches_before)
+
+
+@pytest.mark.parametrize("plugin", [False, True], ids=["plugin_off", "plugin_on"])
+def test_steps_before_the_first_forced_sync(runs, stack, plugin):
+    """Steps 1-3 run before any eval or save: only A can change them (every gather's copy-back)."""
+    present, _ = stack
+    ref = runs["reference"][0].train_losses
+    run = _off_or_on(runs, plugin)
+    diffs = [abs(run.train_losses[s] - ref[s]) for s in (1, 2, 3)]
+    assert diffs[0] <= TOL, diffs  # step 1 runs on the initial weights, no gather yet
+    if plugin or not present["A"]:
+        assert max(diffs) <= TOL, diffs
+    else:
+        assert max(diffs[1:]) > 10 * TOL, diffs
+        clean = _clean(runs)  # offsets repaired, plugin off: steps 1-3 are right again
+        assert max(abs(clean.train_losses[s] - ref[s]) for s in (1, 2, 3)) <= TOL
+
+
+@pytest.mark.parametrize("plugin", [False, True], ids=["plugin_off", "plugin_on"])
+def test_first_eval_weights(runs, stack, plugin):
+    """Eval at step 3 (the first forced sync): B1, or B2 where the loop does not stage before evals."""
+    present, loop = stack
+    ref = dict(runs["reference"][0].eval_losses[:1])[3]
+    run = runs["plugin"][0] if plugin else _clean(runs)
+    got = dict(run.eval_losses[:1])[3]
+    broken = present["B1"] or (present["B2"] and not loop.stages_before_eval)
+    if plugin or not broken:
+        assert abs(got - ref) <= TOL, (got, ref)
+    else:
+        assert abs(got - ref) > 10 * TOL, (got, ref)
+
+
+@pytest.mark.parametrize("plugin", [False, True], ids=["plugin_off", "plugin_on"])
+def test_step_after_the_first_forced_sync(runs, stack, plugin):
+    """Step 4 follows the eval and the save at step 3: C makes it skip its gather."""
+    present, _ = stack
+    ref = runs["reference"][0].train_losses[4]
+    run = runs["plugin"][0] if plugin else _clean(runs)
+    got = run.train_losses[4]
+    if plugin or not (present["C"] or present["B1"] or present["B2"]):
+        assert abs(got - ref) <= TOL, (got, ref)
+    else:
+        assert present["C"], "a forced-sync defect without C: this schedule cannot tell which"
+        assert abs(got - ref) > 10 * TOL, (got, ref)
+
+
+def test_plugin_on_every_loss_equals_reference(runs):
+    ref, on = runs["reference"][0], runs["plugin"][0]
+    train = max(abs(on.train_losses[s] - ref.train_losses[s]) for s in ref.train_losses)
+    evals = max(abs(a[1] - b[1]) for a, b in zip(on.eval_losses, ref.eval_losses, strict=True))
+    test = abs(on.test_loss - ref.test_loss)
+    assert [s for s, _ in on.eval_losses] == [s for s, _ in ref.eval_losses]
+    assert max(train, evals, test) <= TOL, (train, evals, test)
+
+
+def test_plugin_off_differs_exactly_where_doctor_says(runs, stack):
+    """All three mechanisms together: no defect present -> plugin off equals the reference too."""
+    present, _ = stack
+    ref, off = runs["reference"][0], runs["mxfp8"][0]
+    worst = max(abs(off.train_losses[s] - ref.train_losses[s]) for s in ref.train_losses)
+    worst = max([worst] + [abs(a[1] - b[1]) for a, b in zip(off.eval_losses, ref.eval_losses, strict=True)])
+    if any(present[d] for d in ("A", "B1", "B2", "C")):
+        assert worst > 10 * TOL, worst
+    else:
+        assert worst <= TOL, worst
+
+
+@pytest.mark.parametrize("plugin", [False, True], ids=["plugin_off", "plugin_on"])
+def test_checkpoint_weights_are_the_rounded_main_params(runs, stack, plugin):
+    """Bridge's torch_dist files, read back with megatron.core.dist_checkpointing: each model
+    weight is that step's fp32 main param (from the same checkpoint's optimizer state) rounded to
+    the param format (MXFP8 for the linear weights, bf16 for the rest)."""
+    from bridge_real.ckpt import saved_steps, weights_vs_main_params
+
+    present, _ = stack
+    run = runs["plugin" if plugin else "mxfp8"][0]
+    steps = saved_steps(run.save_dir)
+    assert steps == [3, 6], steps
+    assert len(run.layout) > 20 and run.mxfp8_param_names
+    worst = {s: weights_vs_main_params(run.save_dir, s, run.layout, run.mxfp8_param_names) for s in steps}
+    bad = {s: {n: d for n, d in w.items() if d > 0.0} for s, w in worst.items()}
+    if plugin or not (present["B1"] or present["B2"]):
+        assert not any(bad.values()), bad
+    else:
+        # stale (B1) or gathered-gradient (B2) weights in the MXFP8 params of some save
+        assert any(any(n in run.mxfp8_param_names and d > 1e-3 for n, d in b.items()) for b in bad.values()), bad
+
+
+def test_resume_from_real_checkpoint_equals_uninterrupted_run(runs):
+    """A second pretrain() loads the plugin run's step-3 checkpoint and trains to step 6."""
+    full, resumed = runs["plugin"][0], runs["resume"][0]
+    assert sorted(resumed.train_losses) == [4, 5, 6]
+    diffs = [abs(resumed.train_losses[s] - full.train_losses[s]) for s in (4, 5, 6)]
+    assert max(diffs) <= TOL, diffs
+    # the loop's eval at 6, pretrain's final validation and test
+    r_eval, f_eval = resumed.eval_losses, full.eval_losses[1:]
+    assert [s for s, _ in r_eval] == [6, 6]
+    assert max(abs(a[1] - b[1]) for a, b in zip(r_eval, f_eval, strict=True)) <= TOL
+    assert abs(resumed.test_loss - full.test_loss) <= TOL
+
+
+@pytest.mark.parametrize("mode", ["mxfp8", "plugin"])
+def test_replica_loop_makes_the_same_calls_as_real_pretrain(runs, mode):
+    """The callback events, pre-hook toggles, forced syncs and main-param staging of Bridge's real
+    ``pretrain()`` and of ``testing.bridge_loop`` (the release's loop order) for the same schedule."""
+    from bridge_real.replica import replica_events
+
+    real = runs[mode][0].events
+    replica = replica_events(mode, runs[mode][0].bridge_version)
+    assert replica == real
