@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ._log import log_rank_zero
+from .config.installed import dtype_name_problem
 from .config.read import RecipeError, read_recipe_file
-from .config.schema import dtype_name_problem
 from .errors import MXFP8ConfigError
 from .options import PLUGIN_SECTION, PluginOptions
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .config.effective import EffectiveConfig
 from .config.report import ConfigValidationError, Finding, Rule, RuleResult, ValidationReport
 from .config.rules import RULES, run_rules
-from .config.view import EffectiveConfig, read_config
+from .config.view import read_config
 from .stack import InstalledStack
 
 if TYPE_CHECKING:  # loaded lazily by __getattr__ below (they import torch)

@@ -17,7 +17,7 @@ import yaml
 from _mx_cases import DEFECTIVE, ROOT
 
 from mbridge_mxfp8_plugin.check import run_check
-from mbridge_mxfp8_plugin.config import schema
+from mbridge_mxfp8_plugin.config import installed
 from mbridge_mxfp8_plugin.config.read import MAX_BYTES, read_recipe_file
 
 DATA = ROOT / "tests" / "data"
@@ -89,7 +89,7 @@ def test_unknown_target_recipe_name_is_mx103(tmp_path):
 
 # --------------------------------------------------------------------------- converted values
 def test_dtype_names_are_judged_by_the_installed_bridge():
-    facts = schema.bridge_facts()
+    facts = installed.bridge_facts()
     code, report = _json(DATA / "dtype_names.yaml")
     bridge_converts_bf16 = facts is not None and "bf16" in facts.dtype_names
     assert (code == 0) == bridge_converts_bf16, report
@@ -104,14 +104,14 @@ def test_bridge_06_dtype_map_is_read_from_its_file(tmp_path):
     f.write_text(
         'import torch\nDTYPE_MAP: dict = {"bf16": torch.bfloat16, "fp32": torch.float32, "16-mixed": 1}\n'
     )
-    names = schema._bridge_dtype_names(f)
+    names = installed._bridge_dtype_names(f)
     assert {"bf16", "torch.bf16", "fp32", "16-mixed"} <= names and "torch.16-mixed" not in names
     assert "bfloat16" not in names, "str_to_dtype takes no torch name DTYPE_MAP does not list"
-    assert "bfloat16" in schema._bridge_dtype_names(tmp_path / "absent.py")
+    assert "bfloat16" in installed._bridge_dtype_names(tmp_path / "absent.py")
 
 
 def test_recipe_names_come_from_the_installed_registry(tmp_path):
-    facts = schema.bridge_facts()
+    facts = installed.bridge_facts()
     if facts is None:
         pytest.skip("no Megatron-Bridge installed")
     assert "bf16_with_mxfp8_mixed" in facts.recipe_names
@@ -274,7 +274,7 @@ def test_missing_reader_is_one_line_naming_the_fix(blocked, overrides):
 
 
 def test_without_bridge_the_report_says_what_was_not_checked(monkeypatch):
-    monkeypatch.setattr(schema, "bridge_facts", lambda: None)
+    monkeypatch.setattr(installed, "bridge_facts", lambda: None)
     import mbridge_mxfp8_plugin.config.view as view
 
     monkeypatch.setattr(view, "bridge_facts", lambda: None)

@@ -1,6 +1,9 @@
-"""The config column: ``read`` (a recipe file, exactly as Megatron-Bridge reads it) -> ``view``
-(the values the job will run with, Bridge's precedence applied) -> ``rules`` -> ``report``.
+"""The config column, one module per step: ``read`` (a recipe file and its overrides, exactly as
+Megatron-Bridge reads them) -> ``view`` (what is written, each value judged as the installed
+Bridge converts it) -> ``effective`` (Bridge's precedence: the values the job runs with) ->
+``rules`` (grouped by what they protect) -> ``report`` (table, JSON).
 
-Nothing here imports torch or megatron-core: the installed releases are read from their files
-(:mod:`.schema`, :mod:`..defects`), so ``mxfp8-plugin check`` runs in well under a second.
+``schema`` holds the Bridge facts written down; ``installed`` reads what the installed releases
+accept from their files. Nothing here imports torch or megatron-core, so ``mxfp8-plugin check``
+stays well under a second.
 """

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult, Severity, Status
-from ..view import UNKNOWN, EffectiveConfig
+from ..view import UNKNOWN
 
 __all__ = ["RULES", "run_rules"]
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult, Severity
 from ..report import yaml_literal as _y
 from ..schema import MP_OWNED_KNOBS
-from ..view import EffectiveConfig, Val
+from ..view import Val
 from . import _found, _na, _pass, _rule, _violation
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult
-from ..view import EffectiveConfig
 from . import _found, _pass, _rule
 
 

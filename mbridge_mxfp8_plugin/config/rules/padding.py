@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult
-from ..view import EffectiveConfig
 from . import _found, _na, _pass, _rule, _violation
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ...defects import DEFECTS
+from ..effective import EffectiveConfig
 from ..report import Rule, RuleResult
 from ..schema import PLUGIN_SECTION
-from ..view import EffectiveConfig, Val
+from ..view import Val
 from . import _na, _pass, _rule, _violation
 
 

@@ -1,0 +1,150 @@
+"""The values the training job will run with: Bridge's precedence applied to a :class:`.view.ConfigView`.
+
+Bridge does not use a written knob as is: ``mixed_precision`` owns the fp8 knobs (copied onto
+ddp / optimizer / model in ``runtime_config_update``), ``comm_overlap`` overwrites the overlap
+knobs with dp-size dependent defaults, either section turns the distributed optimizer on in both,
+``dist.use_megatron_fsdp`` is ORed into ddp's. Every rule reads knobs through
+:class:`EffectiveConfig`, so each of those facts lives in one method here, and an unknown value
+carries the reason it is unknown (:meth:`EffectiveConfig.why_unknown`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..stack import InstalledStack
+from .schema import MP_OWNED_KNOBS
+from .view import UNKNOWN, ConfigView, Val, yaml_scalar
+
+__all__ = ["EffectiveConfig"]
+
+
+class EffectiveConfig:
+    """The config as the training job will see it, after Bridge's own syncing."""
+
+    def __init__(self, view: ConfigView, dp_size: int | None, installed: InstalledStack | None) -> None:
+        self.view = view
+        self.dp_size = dp_size
+        self.installed = installed
+        self.bridge_semantics = view.kind != "mcore"
+
+    # -- helpers
+    def _mp_owned(self, section: str, knob: str) -> Val | None:
+        if self.bridge_semantics and self.view.mp_present and section in MP_OWNED_KNOBS.get(knob, ()):
+            return self.view.mp(knob)
+        return None
+
+    def _comm_overlap(self, knob: str) -> Val | None:
+        """``comm_overlap.setup`` overwrites the overlap knobs of ddp and optimizer (Bridge)."""
+        if not self.bridge_semantics or "comm_overlap" not in self.view.sections:
+            return None
+        v = self.view.raw("comm_overlap", knob)
+        if v.known and v.value is not None:
+            return v
+        if self.dp_size is None:
+            return Val(UNKNOWN, f"comm_overlap.{knob}")
+        defaults = {
+            "overlap_grad_reduce": self.dp_size > 1,
+            "overlap_param_gather": self.dp_size > 1,
+            "overlap_param_gather_with_optimizer_step": False,
+            "bucket_size": 128 * 1024 * 1024 if self.dp_size > 1 else None,
+        }
+        if knob in defaults:
+            return Val(defaults[knob], f"comm_overlap.{knob} (default for dp_size={self.dp_size})")
+        return None
+
+    def ddp(self, knob: str) -> Val:
+        owned = self._mp_owned("ddp", knob)
+        if owned is not None:
+            return owned
+        if knob in ("overlap_grad_reduce", "overlap_param_gather", "bucket_size"):
+            co = self._comm_overlap(knob)
+            if co is not None:
+                return co
+        if knob == "use_distributed_optimizer":
+            return self.distopt()
+        return self.view.raw("ddp", knob)
+
+    def opt(self, knob: str) -> Val:
+        owned = self._mp_owned("optimizer", knob)
+        if owned is not None:
+            return owned
+        if knob in ("overlap_param_gather", "overlap_param_gather_with_optimizer_step"):
+            co = self._comm_overlap(knob)
+            if co is not None:
+                return co
+        if knob == "use_distributed_optimizer" and self.bridge_semantics:
+            return self.distopt()
+        return self.view.raw("optimizer", knob)
+
+    def distopt(self) -> Val:
+        """Bridge turns the distributed optimizer on in both sections if either asks for it."""
+        d, o = (
+            self.view.raw("ddp", "use_distributed_optimizer"),
+            self.view.raw("optimizer", "use_distributed_optimizer"),
+        )
+        if not self.bridge_semantics:
+            return d
+        for v in (d, o):
+            if v.known and v.value:
+                return v
+        if d.known and o.known:
+            return d
+        return Val(UNKNOWN, d.path)
+
+    def why_unknown(self, v: Val, where: str = "") -> str:
+        """Why a knob's value is not known here: not stated, an interpolation into the base
+        recipe, or stated (in ``where``) but overwritten by comm_overlap with a dp-size
+        dependent default."""
+        if v.path in self.view.base_refs:
+            expr = self.view.base_refs[v.path]
+            if expr == "???":
+                return "is ??? (the base recipe's value is kept)"
+            return f"is {expr}, an interpolation into the base recipe"
+        if v.path.startswith("comm_overlap."):
+            sec, _, knob = where.partition(".")
+            stated = self.view.raw(sec, knob) if knob else Val(UNKNOWN, where)
+            if stated.known:
+                return (
+                    f"is stated {yaml_scalar(stated.value)}, but comm_overlap overwrites it with a "
+                    f"default that depends on dp_size (pass --dp-size, or state {v.path})"
+                )
+            return f"is set by comm_overlap from dp_size (pass --dp-size, or state {v.path})"
+        return "is not set in this recipe"
+
+    def fsdp(self) -> Val:
+        d = self.view.raw("ddp", "use_megatron_fsdp")
+        if self.bridge_semantics:
+            s = self.view.raw("dist", "use_megatron_fsdp")
+            if s.known and s.value:
+                return s
+        return d
+
+    def fp8_recipe(self) -> Val:
+        if self.bridge_semantics and self.view.mp_present:
+            return self.view.mp("fp8_recipe")
+        for v in (self.view.raw("model", "fp8_recipe"), self.view.raw("optimizer", "fp8_recipe")):
+            if v.known and v.value is not None:
+                return v
+        return self.view.raw("model", "fp8_recipe")
+
+    def reuse(self) -> Val:
+        """Reuse as the DDP buffers see it (what decides the shared buffer layout)."""
+        return self.ddp("reuse_grad_buf_for_mxfp8_param_ag")
+
+    def reuse_anywhere(self) -> bool:
+        return any(
+            v.known and bool(v.value) for v in (self.reuse(), self.opt("reuse_grad_buf_for_mxfp8_param_ag"))
+        )
+
+    def model_int(self, knob: str, default: int) -> int:
+        v = self.view.raw("model", knob)
+        return v.value if v.known and isinstance(v.value, int) else default
+
+    def fix_reuse(self, value: bool) -> dict[str, Any]:
+        key = "reuse_grad_buf_for_mxfp8_param_ag"
+        if self.bridge_semantics and self.view.mp_present:
+            if self.view.mp_name and value:
+                return {"mixed_precision": "bf16_with_mxfp8_mixed"}
+            return {"mixed_precision": {key: value}}
+        return {"ddp": {key: value}, "optimizer": {key: value}}
