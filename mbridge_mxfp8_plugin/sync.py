@@ -1,13 +1,22 @@
 """The engine: make the model's weights right around forced param syncs (defects B and C).
 
 Framework-neutral: it knows megatron-core DDP model chunks, bucket groups and distributed
-optimizers, nothing about Bridge or Lightning. Adapters translate their hooks into three calls:
+optimizers, nothing about Bridge, Lightning or Megatron-LM's ``training.py``; every read or write
+of megatron-core's param-sync state lives here (and in :mod:`.buckets` for the offsets). A loop
+tells the engine what is about to happen, one method per event:
 
 * :meth:`ParamSyncEngine.prepare` once per job (probe, repair offsets, plan the copies);
-* :meth:`ParamSyncEngine.refresh_weights` before anything reads the weights outside training
-  (eval, test, export): stage fp32 main params, gather, write back, re-zero;
-* :meth:`ParamSyncEngine.restore_for_training` after any forced sync, so the next step gathers,
-  writes back and re-zeroes instead of reading params as gradients.
+* :meth:`ParamSyncEngine.step_started` when a training step begins;
+* :meth:`ParamSyncEngine.stage_for_step` before a step's forwards, for loops that never stage
+  the main params themselves (NeMo 2);
+* :meth:`ParamSyncEngine.before_forced_sync` when the loop is about to force a param sync
+  (eval, checkpoint save) and no hook will run between that sync and the reader;
+* :meth:`ParamSyncEngine.before_eval` / :meth:`ParamSyncEngine.after_forced_sync` around eval
+  and test, and after a save;
+* :meth:`ParamSyncEngine.refresh_weights` when something outside training reads the weights
+  (the end of training, an export).
+
+The public loop-agnostic API (:mod:`.api`) and both callbacks are thin translations onto these.
 
 Background (reuse mode, ``reuse_grad_buf_for_mxfp8_param_ag=True``): an MXFP8 bucket's bf16
 ``param_data`` is a view of its grad buffer. Between the optimizer step and the next forward the
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +37,7 @@ import torch
 
 from .buckets import AlignmentReport, check_bucket_alignment, expected_index, is_megatron_ddp
 from .errors import MXFP8UsageError
-from .upstream import CoreBehaviour, probe_core
+from .upstream import CoreBehaviour, probe_core, probe_live_loop
 
 __all__ = ["ParamSyncEngine", "SyncStats", "distributed_optimizers", "reuse_mode_active"]
 
@@ -81,7 +90,7 @@ class _BucketPlan:
     plain_src: list[torch.Tensor]
     #: quantized params that live on the buffer (non-reuse layouts): core's post-processing.
     mapped_quantized: list[torch.nn.Parameter]
-    #: param_data aliases the grad buffer: must be zeroed after the copy or it becomes gradient.
+    #: param_data aliases the grad buffer: must be zeroed before gradients land there.
     shared_with_grads: bool
 
 
@@ -89,6 +98,24 @@ class _BucketPlan:
 class _GroupPlan:
     group: Any
     buckets: list[_BucketPlan] = field(default_factory=list)
+
+
+@dataclass
+class _WriteBack:
+    """Every copy of one write-back, flattened across buckets and groups at plan time.
+
+    The write-back runs once per eval on every param of the model; flattening keeps its host
+    cost at one bound-method call per quantized param plus a constant number of batched kernels
+    (one ``_foreach_copy_`` for all plain params, one ``_foreach_zero_`` for all shared buffers).
+    """
+
+    quantized: list[tuple[Callable[[torch.Tensor], Any], torch.Tensor]]
+    plain_dst: list[torch.Tensor]
+    plain_src: list[torch.Tensor]
+    mapped_quantized: list[torch.nn.Parameter]
+    shared_buffers: list[torch.Tensor]
+    groups: list[Any]
+    params: int
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -127,11 +154,26 @@ def _plan_bucket(bucket: Any, buffer: Any) -> _BucketPlan:
     return _BucketPlan(bucket, copies, plain_dst, plain_src, mapped_quantized, shared)
 
 
+def _flatten(plans: list[_GroupPlan]) -> _WriteBack:
+    buckets = [bp for plan in plans for bp in plan.buckets]
+    return _WriteBack(
+        # The param's own copy_ quantizes (TE's QuantizedTensor and the emulation alike); going
+        # through param.data would cost a tensor-subclass alias per param.
+        quantized=[(c.param.copy_, c.src) for bp in buckets for c in bp.copies],
+        plain_dst=[d for bp in buckets for d in bp.plain_dst],
+        plain_src=[s for bp in buckets for s in bp.plain_src],
+        mapped_quantized=[p for bp in buckets for p in bp.mapped_quantized],
+        shared_buffers=[bp.bucket.param_data for bp in buckets if bp.shared_with_grads],
+        groups=[plan.group for plan in plans],
+        params=sum(len(bp.copies) + len(bp.plain_dst) for bp in buckets),
+    )
+
+
 class ParamSyncEngine:
     """Keeps MXFP8 params correct around forced param syncs for one set of model chunks.
 
     Cheap to construct; :meth:`prepare` does the one-time work. Holding the engine costs nothing
-    per training step: :meth:`restore_for_training` is a flag check per bucket group.
+    per training step: :meth:`step_started` is a flag check per bucket group.
     """
 
     def __init__(
@@ -154,10 +196,15 @@ class ParamSyncEngine:
         self.active = reuse_mode_active(self.model_chunks)
         self.overlap = any(c.ddp_config.overlap_param_gather for c in self.model_chunks)
         self._plans: list[_GroupPlan] | None = None
+        self._write_plan: _WriteBack | None = None
         self._stage_plans: dict[int, tuple[Any, tuple[list[torch.Tensor], list[torch.Tensor]]]] = {}
         self.alignment: AlignmentReport | None = None
         #: param.data holds the current main params (set by a refresh, cleared by a train step).
         self.weights_fresh = False
+        #: main params were staged for a forced sync the loop is about to issue (cleared by a step)
+        self._staged_ahead = False
+        #: last answer of loop_stages_itself(): the loop stages before every forced sync itself
+        self._loop_stages = False
 
     # ------------------------------------------------------------------ set-up
     @classmethod
@@ -173,9 +220,20 @@ class ParamSyncEngine:
         if engine is None or any(a is not b for a, b in zip(engine.model_chunks, model_chunks, strict=True)):
             engine = cls(model_chunks, optimizer)
             _SHARED[key] = engine
-        elif optimizer is not None:
-            engine.optimizer = optimizer
+        else:
+            engine.bind_optimizer(optimizer)
         return engine
+
+    def bind_optimizer(self, optimizer: Any | None) -> None:
+        """Use this Megatron optimizer (chained or not) for staging; ``None`` keeps the bound one.
+
+        Adapters pass whatever their event carries: Bridge's eval contexts and Lightning's
+        validation hooks have no optimizer, and the engine must keep the one seen in training.
+        """
+        if optimizer is None or optimizer is self.optimizer:
+            return
+        self.optimizer = optimizer
+        self._stage_plans.clear()
 
     def prepare(self, *, repair_offsets: bool = True) -> AlignmentReport | None:
         """Repair bucket offsets (defect A) and plan the write-back copies. Idempotent."""
@@ -185,16 +243,9 @@ class ParamSyncEngine:
             return self.alignment
         self.alignment = check_bucket_alignment(self.model_chunks, repair=repair_offsets)
         self._plans = None
+        self._write_plan = None
         self._plan()
         return self.alignment
-
-    def bucket_groups(self) -> list[Any]:
-        """Every dense and expert-parallel bucket group of every chunk, in dispatch-table order."""
-        return [
-            g
-            for c in self.model_chunks
-            for g in list(c.bucket_groups) + list(getattr(c, "expert_parallel_bucket_groups", []))
-        ]
 
     def _plan(self) -> list[_GroupPlan]:
         if self._plans is None:
@@ -207,12 +258,62 @@ class ParamSyncEngine:
                 _GroupPlan(g, [_plan_bucket(b, buffer_of[id(b)]) for b in g.buckets])
                 for g in self.bucket_groups()
             ]
+            self._write_plan = None
         return self._plans
 
-    # ------------------------------------------------------------------ steps
-    def note_training_step(self) -> None:
-        """The optimizer may have changed the main params: param.data is no longer known fresh."""
-        self.weights_fresh = False
+    def _writes(self) -> _WriteBack:
+        plans = self._plan()
+        if self._write_plan is None:
+            self._write_plan = _flatten(plans)
+        return self._write_plan
+
+    # ------------------------------------------------------------------ queries
+    def bucket_groups(self) -> list[Any]:
+        """Every dense and expert-parallel bucket group of every chunk, in dispatch-table order."""
+        return [
+            g
+            for c in self.model_chunks
+            for g in list(c.bucket_groups) + list(getattr(c, "expert_parallel_bucket_groups", []))
+        ]
+
+    def forward_pre_hooks_enabled(self) -> bool:
+        """The chunks' param-gather forward pre-hooks are registered (the loop has not disabled them).
+
+        The same test megatron-core's own loops use before staging (``len(model[0].
+        remove_forward_pre_hook_handles) > 0``, Megatron-LM core_v0.16.1 training.py L1643).
+        """
+        return all(
+            len(getattr(c, "remove_forward_pre_hook_handles", None) or {}) > 0 for c in self.model_chunks
+        )
+
+    def loop_stages_itself(self) -> bool:
+        """The running loop stages the main params before every forced sync, and core does the rest.
+
+        True only when all of these hold: megatron-core writes forced gathers back (B1), resets
+        the dispatch state (C) and offers ``prepare_model_params_for_param_sync`` (>= 0.19); the
+        loaded training loop (Megatron-Bridge >= 0.6, Megatron-LM core_v0.19) calls it before its
+        forced syncs; and every distributed optimizer's *own* config has both
+        ``reuse_grad_buf_for_mxfp8_param_ag`` and ``overlap_param_gather`` (core 0.19 stages only
+        then). Then every engine action would only repeat core's work. The answer is remembered:
+        :meth:`before_eval` then trusts the loop's forced gather.
+        """
+        beh = self.behaviour
+        stages = (
+            beh.has_prepare_for_param_sync
+            and beh.forced_sync_writes_back
+            and beh.has_dispatch_reset
+            and bool(probe_live_loop())
+            and self.optimizer is not None
+        )
+        if stages:
+            opts = distributed_optimizers(self.optimizer)
+            stages = bool(opts) and all(
+                getattr(o.config, "reuse_grad_buf_for_mxfp8_param_ag", False)
+                and getattr(o.config, "overlap_param_gather", False)
+                for o in opts
+            )
+        self._loop_stages = bool(stages)
+        return self._loop_stages
 
     def synced_without_gather_in_flight(self) -> bool:
         """Every group looks like a forced sync just ran: dispatched, no handle outstanding."""
@@ -224,6 +325,111 @@ class ParamSyncEngine:
     def gather_in_flight(self) -> bool:
         """An asynchronous param all-gather is still writing into some bucket."""
         return any(plan.group.param_gather_handle is not None for plan in self._plan())
+
+    # ------------------------------------------------------------------ actions, one per event
+    def step_started(self) -> SyncStats:
+        """A training step begins: the weights will change, and what a forced sync since the last
+        step left behind must not make this step skip its gather (defect C)."""
+        self.weights_fresh = False
+        self._staged_ahead = False
+        return self._reset_dispatch()
+
+    def stage_for_step(self) -> bool:
+        """Stage the main params for this step's forwards, for loops that never do it (NeMo 2).
+
+        Call after the step's ``zero_grad_buffer()`` and before its first forward. Stages only
+        when a gather is certain to follow (pre-hooks on, nothing dispatched): staged values that
+        are not gathered and re-zeroed by ``finish_param_sync`` become gradients.
+        """
+        if not (self.active and self.overlap) or self.optimizer is None:
+            return False
+        self._reset_dispatch()
+        if not self.forward_pre_hooks_enabled():
+            return False
+        if any(g.param_gather_dispatched for g in self.bucket_groups()):
+            return False
+        return self.stage_main_params()
+
+    def before_forced_sync(self, *, save: bool = False) -> SyncStats:
+        """The loop will force a param sync next (eval, checkpoint save) with no hook in between.
+
+        Stages the main params so the loop's own forced all-gather collects weights, not the
+        gradients in the shared buffer (B2), and no second gather is needed. For a save on
+        core < 0.18, which never writes a forced gather back and fires no hook before the write,
+        the weights are refreshed now instead and the gathered buffer is kept, so the save's own
+        gather collects the same values. Skipped while an eval's gather is in flight (the eval's
+        :meth:`before_eval` then gathers itself); a save waits for it.
+        """
+        stats = SyncStats()
+        if not (self.active and self.overlap) or self.optimizer is None:
+            stats.note = "nothing to stage"
+            return stats
+        if save and not self.behaviour.forced_sync_writes_back:
+            return self.refresh_weights(keep_gathered=True)
+        if save:
+            self._wait_in_flight()
+        stats.staged = self.stage_main_params()
+        self._staged_ahead = stats.staged
+        return stats
+
+    def before_eval(self, *, gathered_fresh: bool | None = None) -> SyncStats:
+        """Eval or test is about to read the weights: make them the current main params.
+
+        Without an optimizer (eval-only jobs, validation before fit) nothing has stepped, so
+        ``param.data`` is exactly what was initialised or loaded and is only protected from the
+        pre-hooks. ``gathered_fresh=None`` lets the engine judge whether the loop's forced gather
+        collected freshly staged weights (staged by :meth:`before_forced_sync` or
+        :meth:`after_forced_sync`, or by a loop that stages itself); ``True``/``False`` overrides.
+
+        The shared buffer is not re-zeroed after the write-back: a training step follows, and its
+        ``zero_grad_buffer()`` clears the buffer before any gradient lands there; a forced gather
+        in between (a save) collects the same weights again.
+        """
+        if self.optimizer is None:
+            return self._hold()
+        return self._refresh(gathered_fresh=self._judge_fresh(gathered_fresh), zero=False)
+
+    def after_forced_sync(self, *, restage: bool = True) -> SyncStats:
+        """An eval, test or save (anything that forced a param sync) is over; training resumes.
+
+        Resets the dispatch state so the next step gathers, copies and re-zeroes (C). With
+        ``restage`` and where core writes forced gathers back (>= 0.18), stages the main params
+        again, so a save in the same iteration that fires no hook before its forced sync gathers
+        weights rather than the buffer the write-back zeroed. Loops that call
+        :meth:`before_forced_sync` before every save can pass ``restage=False``.
+        """
+        stats = self._reset_dispatch()
+        self._staged_ahead = False
+        if (
+            restage
+            and not self._loop_stages
+            and self.optimizer is not None
+            and self.active
+            and self.overlap
+            and self.behaviour.forced_sync_writes_back
+        ):
+            stats.staged = self.stage_main_params()
+            self._staged_ahead = stats.staged
+        return stats
+
+    def refresh_weights(
+        self, *, gathered_fresh: bool | None = False, keep_gathered: bool = False
+    ) -> SyncStats:
+        """Make ``param.data`` equal the current main params (rounded to the param dtype).
+
+        For readers outside training (the end of training, an export, a save on core < 0.18).
+        ``gathered_fresh=True`` says a forced all-gather already ran over freshly staged main
+        params since the last optimizer step: then only the copy-back that core lacks is done and
+        no collective is issued; ``None`` lets the engine judge, as in :meth:`before_eval`.
+        Leaves every bucket group "synced" (dispatched, no handle), so forward pre-hooks that
+        stay active do not gather again.
+
+        The shared buffer is re-zeroed afterwards unless ``keep_gathered=True``, which leaves the
+        gathered params there: a forced all-gather the framework issues next (a checkpoint save
+        on core < 0.18) then gathers the same values again instead of zeros. The next step's
+        ``zero_grad_buffer`` clears them before any gradient lands there.
+        """
+        return self._refresh(gathered_fresh=self._judge_fresh(gathered_fresh), zero=not keep_gathered)
 
     def stage_main_params(self) -> bool:
         """Copy every rank's fp32 main-param shard into its slice of the param buffer.
@@ -262,6 +468,31 @@ class ParamSyncEngine:
                     chunk.reset_param_sync_dispatch_state()
         return True
 
+    # ------------------------------------------------------------------ deprecated names
+    # Kept for adapters and tests written before the one-name-per-action surface; each is a
+    # thin alias and will go once every caller uses the name on the right.
+    def weights_for_eval(self, *, gathered_fresh: bool = False) -> SyncStats:
+        """Deprecated: :meth:`before_eval`."""
+        return self.before_eval(gathered_fresh=gathered_fresh)
+
+    def back_to_training(self) -> SyncStats:
+        """Deprecated: :meth:`after_forced_sync`."""
+        return self.after_forced_sync()
+
+    def restore_for_training(self) -> SyncStats:
+        """Deprecated: :meth:`step_started` at a step, :meth:`after_forced_sync` after a sync."""
+        return self._reset_dispatch()
+
+    def note_training_step(self) -> None:
+        """Deprecated: :meth:`step_started`."""
+        self.weights_fresh = False
+        self._staged_ahead = False
+
+    def hold_weights(self) -> SyncStats:
+        """Deprecated: :meth:`before_eval` holds the weights when no optimizer is bound."""
+        return self._hold()
+
+    # ------------------------------------------------------------------ internals
     def _stage_plan(self, opt: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
         """(buffer shard views, fp32 main shards) of one distributed optimizer, built once."""
         key = id(opt)
@@ -296,44 +527,19 @@ class ParamSyncEngine:
                 plan.group.param_gather_handle.wait()
                 plan.group.param_gather_handle = None
 
-    def weights_for_eval(self, *, gathered_fresh: bool = False) -> SyncStats:
-        """What every adapter does before eval/test: refresh, or hold the weights if no optimizer.
+    def _judge_fresh(self, gathered_fresh: bool | None) -> bool:
+        """Did the loop's last forced gather collect freshly staged main params?
 
-        Without an optimizer (eval-only jobs, validation before fit) nothing has stepped, so
-        ``param.data`` is exactly what was initialised or loaded.
+        Yes when the engine staged for it (:meth:`before_forced_sync`, or
+        :meth:`after_forced_sync` re-staging) or the loop stages itself, no step ran since, and
+        every group still looks just synced (dispatched, no gather in flight).
         """
-        if self.optimizer is None:
-            return self.hold_weights()
-        return self.refresh_weights(gathered_fresh=gathered_fresh)
+        if gathered_fresh is not None:
+            return gathered_fresh
+        staged = self._staged_ahead or self._loop_stages
+        return staged and self.synced_without_gather_in_flight()
 
-    def back_to_training(self) -> SyncStats:
-        """What every adapter does after eval/test: restore (C) and, where core writes forced
-        gathers back (>= 0.18), re-stage so a save in the same iteration gathers weights rather
-        than the re-zeroed buffer."""
-        stats = self.restore_for_training()
-        if (
-            self.optimizer is not None
-            and self.active
-            and self.overlap
-            and self.behaviour.forced_sync_writes_back
-        ):
-            stats.staged = self.stage_main_params()
-        return stats
-
-    def refresh_weights(self, *, gathered_fresh: bool = False, keep_gathered: bool = False) -> SyncStats:
-        """Make ``param.data`` equal the current main params (rounded to the param dtype).
-
-        ``gathered_fresh=True`` says a forced all-gather already ran over freshly staged main
-        params since the last optimizer step (e.g. the framework staged before its forced sync,
-        or the adapter staged ahead of it): then only the copy-back that core lacks is done and
-        no collective is issued. Leaves every bucket group "synced" (dispatched, no handle), so
-        forward pre-hooks that stay active during eval do not gather again.
-
-        ``keep_gathered=True`` leaves the gathered params in the shared buffer instead of zeroing
-        it: a forced all-gather the framework issues next (a checkpoint save on core < 0.18) then
-        gathers the same values again instead of zeros. The next step's ``zero_grad_buffer``
-        clears them before any gradient lands there.
-        """
+    def _refresh(self, *, gathered_fresh: bool, zero: bool) -> SyncStats:
         stats = SyncStats()
         if not (self.active and self.overlap):
             stats.note = "inactive" if not self.active else "no overlap_param_gather: weights already current"
@@ -342,13 +548,13 @@ class ParamSyncEngine:
         plans = self._plan()
         if self.weights_fresh:
             # Nothing stepped since the last refresh: the weights are right; just make sure no
-            # pre-hook gathers the (zeroed) buffer over them.
+            # pre-hook gathers the buffer over them.
             for plan in plans:
                 plan.group.param_gather_dispatched = True
             stats.note = "weights already fresh"
         elif gathered_fresh:
             if not self.behaviour.forced_sync_writes_back:
-                self._write_back(plans, stats, zero=not keep_gathered)
+                self._write_back(stats, zero=zero)
             stats.note = "reused the forced gather"
         else:
             self._wait_in_flight()
@@ -357,42 +563,42 @@ class ParamSyncEngine:
                 plan.group.start_param_sync(force_sync=True)
                 stats.all_gathers += 1
             if not self.behaviour.forced_sync_writes_back:
-                self._write_back(plans, stats, zero=not keep_gathered)
+                self._write_back(stats, zero=zero)
         self.weights_fresh = True
+        self._staged_ahead = False
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    def _write_back(self, plans: list[_GroupPlan], stats: SyncStats, *, zero: bool = True) -> None:
+    def _write_back(self, stats: SyncStats, *, zero: bool = True) -> None:
         from megatron.core import fp8_utils
 
         # megatron-core <= 0.15 has no post-all-gather step (added in 0.16), and nothing to run.
         post_all_gather_processing = getattr(fp8_utils, "post_all_gather_processing", None)
+        w = self._writes()
+        # Safe under no_grad: no autograd graph holds the params between steps.
         with torch.no_grad():
-            for plan in plans:
-                for bp in plan.buckets:
-                    for copy in bp.copies:
-                        # The param's own copy_ quantizes (TE's QuantizedTensor and the emulation
-                        # alike); going through param.data would cost a tensor-subclass alias per
-                        # param. Safe under no_grad: no autograd graph holds the params here.
-                        copy.param.copy_(copy.src)
-                    if bp.plain_dst:
-                        torch._foreach_copy_(bp.plain_dst, bp.plain_src)
-                    stats.params_written += len(bp.copies) + len(bp.plain_dst)
-                    if bp.mapped_quantized and post_all_gather_processing is not None:
-                        post_all_gather_processing(bp.mapped_quantized)
-                    if bp.shared_with_grads and zero:
-                        # The gathered bf16 values would otherwise be read as gradients.
-                        bp.bucket.param_data.zero_()
-                        stats.buckets_zeroed += 1
-                plan.group.param_gather_dispatched = True
+            for copy_, src in w.quantized:
+                copy_(src)
+            if w.plain_dst:
+                torch._foreach_copy_(w.plain_dst, w.plain_src)
+            if w.mapped_quantized and post_all_gather_processing is not None:
+                post_all_gather_processing(w.mapped_quantized)
+            if zero and w.shared_buffers:
+                # Otherwise the gathered bf16 values would be read as gradients by a backward
+                # that is not preceded by zero_grad_buffer().
+                torch._foreach_zero_(w.shared_buffers)
+                stats.buckets_zeroed += len(w.shared_buffers)
+        stats.params_written += w.params
+        for group in w.groups:
+            group.param_gather_dispatched = True
 
-    def hold_weights(self) -> SyncStats:
+    def _hold(self) -> SyncStats:
         """Keep ``param.data`` as it is through an eval that may run with pre-hooks active.
 
         For eval-only jobs and evals before the first step (no optimizer seen yet): the weights
         are exactly as initialised or loaded, but the shared buffer holds no params, so a forward
         pre-hook that gathers would overwrite them with zeros. Marking the groups synced makes the
-        hooks skip; :meth:`restore_for_training` undoes it.
+        hooks skip; :meth:`after_forced_sync` undoes it.
         """
         stats = SyncStats(note="held weights as loaded")
         if self.active and self.overlap:
@@ -401,7 +607,7 @@ class ParamSyncEngine:
                     plan.group.param_gather_dispatched = True
         return stats
 
-    def restore_for_training(self) -> SyncStats:
+    def _reset_dispatch(self) -> SyncStats:
         """Undo what a forced sync leaves behind, so the next step gathers, copies and re-zeroes.
 
         A forced sync sets ``param_gather_dispatched`` without a handle; the next forward

@@ -29,6 +29,7 @@ __all__ = [
     "probe_bucket_offsets",
     "probe_core",
     "probe_live_bridge_loop",
+    "probe_live_loop",
 ]
 
 
@@ -205,6 +206,29 @@ def probe_bridge_files(training_dir: str | Path | None = None) -> BridgeLoopBeha
 
 
 _BRIDGE_TRAIN_MODULE = "megatron.bridge.training.train"
+#: Megatron-LM's own loop (``pretrain_gpt.py`` -> ``megatron.training.training.train``).
+_MEGATRON_LM_TRAIN_MODULE = "megatron.training.training"
+
+
+def _module_stages_before_forced_syncs(name: str) -> bool | None:
+    """Whether the loaded loop module ``name`` hands the optimizer to its forced-sync helpers.
+
+    Megatron-Bridge >= 0.6 and Megatron-LM core_v0.19 give ``force_param_sync`` and
+    ``disable_forward_pre_hook`` an ``optimizer`` argument and call
+    ``optimizer.prepare_model_params_for_param_sync()`` before the forced all-gather (Megatron-LM
+    core_v0.19.0 training.py L3014-3024). None when the module is not loaded.
+    """
+    mod = sys.modules.get(name)
+    if mod is None:
+        return None
+    try:
+        params = [
+            inspect.signature(getattr(mod, helper)).parameters
+            for helper in ("force_param_sync", "disable_forward_pre_hook")
+        ]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return all("optimizer" in p for p in params)
 
 
 def probe_live_bridge_loop() -> bool | None:
@@ -215,14 +239,15 @@ def probe_live_bridge_loop() -> bool | None:
     ``disable_forward_pre_hook``, which then call ``optimizer.prepare_model_params_for_param_sync()``
     before the forced all-gather. Returns None when no Bridge loop is loaded.
     """
-    mod = sys.modules.get(_BRIDGE_TRAIN_MODULE)
-    if mod is None:
-        return None
-    try:
-        params = [
-            inspect.signature(getattr(mod, name)).parameters
-            for name in ("force_param_sync", "disable_forward_pre_hook")
-        ]
-    except (AttributeError, TypeError, ValueError):
-        return None
-    return all("optimizer" in p for p in params)
+    return _module_stages_before_forced_syncs(_BRIDGE_TRAIN_MODULE)
+
+
+def probe_live_loop() -> bool | None:
+    """Does a loaded training loop (Megatron-Bridge's or Megatron-LM's) stage before every forced
+    sync itself? True if either does, False if one is loaded and does not, None if neither is."""
+    answers = [
+        _module_stages_before_forced_syncs(name) for name in (_BRIDGE_TRAIN_MODULE, _MEGATRON_LM_TRAIN_MODULE)
+    ]
+    if any(a is True for a in answers):
+        return True
+    return False if any(a is False for a in answers) else None
