@@ -26,7 +26,7 @@ for stage in $STAGES; do
              PYTHONPATH=/tmp/$core:/tmp/$bridge:. MXFP8_BRIDGE_LOOP=$loop python3 -m pytest -v -rs \
                -p no:cacheprovider tests/test_exit_saves.py 2>&1
            done | tee "$OUT/gpu_exit_saves.log" ;;
-    bench) python3 benchmarks/eval_sync.py run --sizes "${SIZES:-125M,1B,4B}" --out "$OUT" \
+    bench) python3 benchmarks/eval_sync.py run --sizes "${SIZES:-1B,4B}" --out "$OUT" \
                 --core 0.16.1=/tmp/core0161:/tmp/bridge031 --core 0.19.2=/tmp/core0192:/tmp/bridge062 \
                 2>&1 | grep -v -i warn | tee "$OUT/eval_sync.log" ;;
   esac
