@@ -65,7 +65,7 @@ def _train_step(job: Any, x: torch.Tensor, y: torch.Tensor, rec: LoopRecord) -> 
     model, optimizer = job.model, job.optimizer
     for chunk in model:  # L1614-1616
         chunk.zero_grad_buffer()
-    optimizer.zero_grad()  # L1618
+    optimizer.zero_grad()  # L1619
     # L1641-1647: stage main params into the shared buffer, only with the pre-hooks on.
     if job.optimizer_config.reuse_grad_buf_for_mxfp8_param_ag and job.ddp_config.overlap_param_gather:
         if len(model[0].remove_forward_pre_hook_handles) > 0:
@@ -77,7 +77,7 @@ def _train_step(job: Any, x: torch.Tensor, y: torch.Tensor, rec: LoopRecord) -> 
     loss.backward()
     for chunk in model:  # finalize_model_grads -> finish_grad_sync
         chunk.finish_grad_sync()
-    optimizer.step()  # L1700-
+    optimizer.step()  # L1703
     return _dp_mean(loss)
 
 
@@ -123,12 +123,12 @@ def _train(job: Any, plugin: bool) -> LoopRecord:
             rec.stats.append(("step_started", vars(sync.step_started())))  # API: after L2785
         ((x, y),) = make_batches(job.toy, 1, rank=rank, world=world, salt=iteration)
         rec.train_losses.append(_train_step(job, x, y, rec))  # L2786-2797
-        if iteration == start_iteration and toggle:  # L2818-2827: pre-hooks on after the first step
+        if iteration == start_iteration and toggle:  # L2815-2829: pre-hooks on after the first step
             for chunk in model:
                 chunk.enable_forward_pre_hook()
             pre_hook_enabled = True
-        iteration += 1  # L2837
-        if iteration % EVAL_INTERVAL == 0:  # L2911: evaluation
+        iteration += 1  # L2839
+        if iteration % EVAL_INTERVAL == 0:  # L2914: evaluation
             if toggle:  # L2918-2920: forced all-gather
                 for chunk in model:
                     chunk.disable_forward_pre_hook()
@@ -142,7 +142,7 @@ def _train(job: Any, plugin: bool) -> LoopRecord:
                 pre_hook_enabled = True
             if sync is not None:
                 rec.stats.append(("after_eval", vars(sync.after_eval())))  # API: after L2961
-        if iteration % SAVE_INTERVAL == 0:  # checkpoint_and_decide_exit (L2975) -> L2341 regular save
+        if iteration % SAVE_INTERVAL == 0:  # checkpoint_and_decide_exit (L2982) -> L2340-2350 regular save
             # save_checkpoint_and_time (L2168-2193): no hook before the forced sync in any release.
             if sync is not None:
                 same = mxfp8_param_sync(model, optimizer)  # API: in save_checkpoint_and_time
