@@ -288,7 +288,7 @@ def test_saved_and_final_weights(runs, plugin):
     else:
         # The saves and the closing sync leave the previous iteration's (or gathered-gradient)
         # weights in the params.
-        assert all(d > 10 * TOL for d in diffs.values()), diffs
+        assert not any(d <= 10 * TOL for d in diffs.values()), diffs
 
 
 def test_api_shares_one_session_and_gathers_only_where_needed(runs):
