@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .defects import probe_core_files
+from .defects import core_defects, probe_core_files
 from .upstream import CoreBehaviour, bridge_training_dir
 
 __all__ = ["InstalledStack"]
@@ -97,15 +97,14 @@ class InstalledStack:
 
     @property
     def defects(self) -> list[str]:
-        """Defects of UPSTREAM.md present in the installed megatron-core (A, B1, C)."""
-        out: list[str] = []
-        if self.core_pads_bucket_offsets is False:
-            out.append("A")
-        if self.core is not None and not self.core.forced_sync_writes_back:
-            out.append("B1")
-        if self.core is not None and not self.core.has_dispatch_reset:
-            out.append("C")
-        return out
+        """Core-side defects of :data:`.defects.DEFECTS` present here (A, B1, C), decided where
+        ``doctor`` decides them (:func:`.defects.core_defects`)."""
+        core = self.core
+        return core_defects(
+            pads_bucket_offsets=self.core_pads_bucket_offsets,
+            forced_sync_writes_back=None if core is None else core.forced_sync_writes_back,
+            has_dispatch_reset=None if core is None else core.has_dispatch_reset,
+        )
 
     def describe(self) -> str:
         core = self.versions.get("megatron-core") or ("unknown" if self.core else "not installed")
