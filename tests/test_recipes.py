@@ -114,8 +114,8 @@ def test_callbacks_from_recipe():
         TINY,
         [
             "mxfp8_plugin.prestage=false",
-            "+mxfp8_plugin.guard_exit_saves=false",
-            "+mxfp8_plugin.validate=false",
+            "mxfp8_plugin.guard_exit_saves=false",
+            "mxfp8_plugin.validate=false",
         ],
     )
     assert isinstance(cb, MXFP8ParamSyncCallback)
