@@ -30,8 +30,21 @@ PARAM_ALIGNMENT = 64  # elements; megatron-core pads param starts to this with t
 
 
 def is_megatron_ddp(chunk: Any) -> bool:
-    """Duck-typed: megatron-core's ``DistributedDataParallel`` (not Megatron-FSDP, not torch DDP)."""
-    return all(hasattr(chunk, a) for a in ("ddp_config", "buffers", "bucket_groups")) and not getattr(
+    """Duck-typed: megatron-core's ``DistributedDataParallel`` (not Megatron-FSDP, not torch DDP).
+
+    The DDP keeps its param buffers in an instance attribute ``buffers`` (a list, shadowing
+    ``nn.Module.buffers``). NeMo's ``MegatronParallel`` and its per-chunk wrappers forward unknown
+    attribute lookups to the DDP inside, so ``ddp_config`` and ``bucket_groups`` resolve on them
+    too while their ``buffers`` is the ``nn.Module`` method; only the object that owns the list
+    counts. Callers reach the DDP under a wrapper through ``.module``.
+    """
+    try:
+        own = vars(chunk)
+    except TypeError:  # no __dict__: not a module
+        return False
+    if not isinstance(own.get("buffers"), (list, tuple)):
+        return False
+    return all(hasattr(chunk, a) for a in ("ddp_config", "bucket_groups")) and not getattr(
         chunk.ddp_config, "use_megatron_fsdp", False
     )
 

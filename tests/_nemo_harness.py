@@ -1,0 +1,474 @@
+"""NeMo 2's real Lightning stack on 2 CPU gloo ranks: the test-only harness of tests/test_nemo_real.py.
+
+Everything that trains is NeMo's and megatron-core's own code, nothing is stubbed: ``nl.Trainer``
+with ``nl.MegatronStrategy``, ``llm.GPTModel`` (a tiny ``llm.GPTConfig``; without Transformer Engine
+NeMo picks megatron-core's local layer spec), ``llm.MockDataModule``, ``llm.train``, NeMo's own
+``ModelCheckpoint`` writing torch_dist checkpoints. What it takes to run that on a CPU host, each a
+runtime patch (reversible, active only inside :func:`nemo_on_cpu`):
+
+* the package's :func:`~mbridge_mxfp8_plugin.testing.cpu_shim.cpu_shim` (device, streams, type names);
+* the CUDA RNG state -> a private CPU generator (megatron-core's RNG tracker seeds and forks it; with
+  dropout off nothing draws from it, so no value depends on which generator it is);
+* ``torch.tensor(..., pin_memory=True)`` without the pin: NeMo logs every scalar that way, and pinning
+  needs CUDA;
+* ``np.product = np.prod``: megatron-core 0.15's checkpoint code calls the alias numpy 2 removed;
+* a ``MockDataModule`` subclass: NeMo 2.7.3's ``setup`` passes ``create_attention_mask`` positionally
+  into ``_MockGPTDataset``'s ``seed``, so no mask is built and the no-TE attention asserts on it.
+
+And two configuration choices: ``ckpt_save_optimizer=False`` (megatron-core's sharded optimizer
+state trips over the scalar ``step`` tensor of the torch Adam it uses without TE), so a resumed run
+rebuilds its fp32 main params from the checkpointed weights.
+
+MXFP8 without Transformer Engine: after NeMo's ``configure_model`` the linear weights of every
+transformer layer become the package's emulated MXFP8 params (megatron-core recognises them as it
+recognises TE's); the reference run keeps them bf16 and applies the same MXFP8 rounding in forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+VOCAB = 128  # NullTokenizer(127): 127 tokens + EOD; an untrained model's loss is ln 128
+SEQ = 32
+MXFP8_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+# ---------------------------------------------------------------- CPU patches
+class _CpuCudaRng:
+    def __init__(self) -> None:
+        self.gen = torch.Generator()
+
+    def get_state(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.gen.get_state()
+
+    def set_state(self, state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        self.gen.set_state(state.clone())
+
+    def seed(self, seed: int, *args: Any, **kwargs: Any) -> None:
+        self.gen.manual_seed(int(seed))
+
+
+@contextlib.contextmanager
+def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    missing = object()
+    saved = [(obj, name, getattr(obj, name, missing)) for obj, name, _ in targets]
+    for obj, name, value in targets:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, old in reversed(saved):
+            if old is missing:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def nemo_on_cpu() -> Iterator[None]:
+    """The runtime patches NeMo 2.7.3 + megatron-core 0.15.3 need on a host without CUDA."""
+    import numpy as np
+    from megatron.core.tensor_parallel import random as core_random
+
+    from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
+
+    rng = _CpuCudaRng()
+    real_tensor = torch.tensor
+
+    def tensor_unpinned(*args: Any, **kwargs: Any) -> torch.Tensor:
+        kwargs.pop("pin_memory", None)
+        return real_tensor(*args, **kwargs)
+
+    targets: list[tuple[Any, str, Any]] = [
+        (torch.cuda, "get_rng_state", rng.get_state),
+        (torch.cuda, "set_rng_state", rng.set_state),
+        (torch.cuda, "manual_seed", rng.seed),
+        (torch.cuda, "manual_seed_all", rng.seed),
+        (core_random, "_get_cuda_rng_state", rng.get_state),
+        (core_random, "_set_cuda_rng_state", rng.set_state),
+        (torch, "tensor", tensor_unpinned),
+    ]
+    if not hasattr(np, "product"):
+        targets.append((np, "product", np.prod))
+    with cpu_shim(), _patched(targets):
+        yield
+
+
+# ---------------------------------------------------------------- model and data
+def _to_mxfp8(module: torch.nn.Module) -> None:
+    """Swap each transformer linear's weight for an emulated MXFP8 param (same megatron attributes)."""
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import make_mxfp8_param
+
+    for name, sub in module.named_modules():
+        if name.rsplit(".", 1)[-1] in MXFP8_LINEARS:
+            old = sub.weight
+            new = make_mxfp8_param(old.data)
+            for key, value in old.__dict__.items():  # tensor_model_parallel, partition_dim, ...
+                new.__dict__.setdefault(key, value)
+            sub.weight = new
+
+
+def _round_in_forward(module: torch.nn.Module) -> None:
+    """Reference: bf16 weights, the MXFP8 rounding applied on the fly (straight-through)."""
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import mxfp8_quantize
+
+    for name, sub in module.named_modules():
+        if name.rsplit(".", 1)[-1] not in MXFP8_LINEARS:
+            continue
+        forward = sub.forward
+
+        def rounded(*args: Any, _sub: Any = sub, _fwd: Any = forward, **kwargs: Any) -> Any:
+            w = _sub._parameters["weight"]
+            q = w + (mxfp8_quantize(w).to(w.dtype) - w).detach()
+            _sub._parameters["weight"] = q  # read by the layer as self.weight
+            try:
+                return _fwd(*args, **kwargs)
+            finally:
+                _sub._parameters["weight"] = w
+
+        sub.forward = rounded
+
+
+def build(mode: str) -> tuple[Any, Any, Any]:
+    """(model, data, optimizer module) for mode ``reference`` / ``mxfp8`` / ``plugin``."""
+    from megatron.core.optimizer import OptimizerConfig
+    from nemo import lightning as nl
+    from nemo.collections import llm
+    from nemo.collections.common.tokenizers.null_tokenizer import NullTokenizer
+
+    mx = mode != "reference"
+
+    class TinyGPT(llm.GPTModel):
+        def configure_model(self, *args: Any, **kwargs: Any) -> None:
+            fresh = not hasattr(self, "module")
+            super().configure_model(*args, **kwargs)
+            if fresh:
+                (_to_mxfp8 if mx else _round_in_forward)(self.module)
+
+        def test_step(self, batch: Any, batch_idx: int | None = None) -> Any:
+            # GPTModel defines no test_step, so Trainer.test refuses to run; the validation forward.
+            return self.validation_step(batch, batch_idx)
+
+        @property
+        def test_loss_reduction(self) -> Any:
+            return self.validation_loss_reduction
+
+    class MockData(llm.MockDataModule):
+        def setup(self, stage: str = "") -> None:
+            from nemo.collections.llm.gpt.data.mock import _MockGPTDataset
+
+            make = _MockGPTDataset
+            mask = self.create_attention_mask
+            self._train_ds = make(self.tokenizer, "train", self.num_train_samples, self.seq_length,
+                                  create_attention_mask=mask)
+            self._validation_ds = make(self.tokenizer, "valid", self.num_val_samples, self.seq_length,
+                                       create_attention_mask=mask)
+            self._test_ds = make(self.tokenizer, "test", self.num_test_samples, self.seq_length,
+                                 create_attention_mask=mask)
+
+    tokenizer = NullTokenizer(VOCAB - 1)
+    config = llm.GPTConfig(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=160,
+        num_attention_heads=4,
+        seq_length=SEQ,
+        vocab_size=VOCAB,
+        make_vocab_size_divisible_by=1,
+        share_embeddings_and_output_weights=False,
+        init_method_std=0.05,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+        autocast_dtype=torch.bfloat16,
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=False,
+        cross_entropy_loss_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
+    model = TinyGPT(config, tokenizer=tokenizer)
+    data = MockData(
+        seq_length=SEQ,
+        tokenizer=tokenizer,
+        micro_batch_size=4,
+        global_batch_size=8,
+        num_train_samples=10_000,
+        num_val_samples=16,
+        num_test_samples=16,
+        num_workers=0,
+        pin_memory=False,
+        create_attention_mask=True,
+    )
+    optim = nl.MegatronOptimizerModule(
+        config=OptimizerConfig(
+            optimizer="adam",
+            lr=3e-3,
+            weight_decay=0.0,
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            use_distributed_optimizer=True,
+            overlap_param_gather=True,
+            fp8_recipe="mxfp8" if mx else None,
+            reuse_grad_buf_for_mxfp8_param_ag=mx,
+            clip_grad=0.0,
+        )
+    )
+    return model, data, optim
+
+
+def ddp_config(mode: str) -> Any:
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    mx = mode != "reference"
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=True,
+        overlap_param_gather=True,
+        use_distributed_optimizer=True,
+        fp8_param_gather=mx,
+        reuse_grad_buf_for_mxfp8_param_ag=mx,
+    )
+
+
+def precision_plugin(mode: str) -> Any:
+    """NeMo's precision plugin writes its dtype fields over the model, DDP and optimizer configs
+    (``update_config_with_dtype_overrides``), so the MXFP8 knobs must be set here as well."""
+    from nemo import lightning as nl
+
+    mx = mode != "reference"
+    return nl.MegatronMixedPrecision(
+        precision="bf16-mixed",
+        params_dtype=torch.bfloat16,
+        grad_reduce_in_fp32=True,
+        fp8_recipe="mxfp8" if mx else "delayed",
+        fp8_param_gather=mx,
+        reuse_grad_buf_for_mxfp8_param_ag=mx,
+    )
+
+
+# ---------------------------------------------------------------- one run on one rank
+def run(
+    mode: str,
+    workdir: str,
+    *,
+    steps: int = 6,
+    val_every: int = 3,
+    ckpt_every: int | None = 3,
+    resume_from: str | None = None,
+    extra_callbacks: tuple[Any, ...] = (),
+) -> dict[str, Any]:
+    """Validate, ``llm.train``, test; returns losses (DP means) and what the recorder saw."""
+    warnings.filterwarnings("ignore")
+    import logging
+
+    for name in ("lightning.pytorch", "nemo_logger", "NeMo", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
+
+    with nemo_on_cpu(), emulated_mxfp8():
+        return _run(mode, workdir, steps, val_every, ckpt_every, resume_from, extra_callbacks)
+
+
+def _run(
+    mode: str,
+    workdir: str,
+    steps: int,
+    val_every: int,
+    ckpt_every: int | None,
+    resume_from: str | None,
+    extra_callbacks: tuple[Any, ...],
+) -> dict[str, Any]:
+    from nemo import lightning as nl
+    from nemo.collections import llm
+
+    from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
+
+    from mbridge_mxfp8_plugin.testing.lightning_loop import make_event_recorder, record_param_syncs
+
+    model, data, optim = build(mode)
+    events: list[str] = []
+    recorder = _LossRecorder()
+    callbacks: list[Any] = [recorder, make_event_recorder(events), *extra_callbacks]
+    if mode == "plugin":
+        callbacks.append(MXFP8ParamSyncLightningCallback())
+    strategy = nl.MegatronStrategy(
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        ddp=ddp_config(mode),
+        ckpt_save_optimizer=False,
+        ckpt_load_optimizer=False,
+        ckpt_async_save=False,
+        ckpt_parallel_save=False,
+        ckpt_parallel_load=False,
+    )
+    if ckpt_every:
+        # In the trainer's callbacks, not NeMoLogger(ckpt=...): the logger's path probes
+        # nvidia-resiliency-ext's local-checkpoint class, which is not installed.
+        callbacks.append(
+            nl.ModelCheckpoint(
+                dirpath=os.path.join(workdir, mode, "checkpoints"),
+                every_n_train_steps=ckpt_every,
+                save_top_k=-1,
+                save_last=False,
+                monitor="step",
+                mode="max",
+                always_save_context=False,
+                save_context_on_train_end=False,
+                save_on_train_epoch_end=False,
+                filename="{step}",
+            )
+        )
+    trainer = nl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        num_nodes=1,
+        strategy=strategy,
+        plugins=precision_plugin(mode),
+        max_steps=steps,
+        val_check_interval=val_every,
+        limit_val_batches=2,
+        limit_test_batches=2,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        callbacks=callbacks,
+        enable_checkpointing=bool(ckpt_every),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+    )
+    log = nl.NeMoLogger(log_dir=os.path.join(workdir, "log"), name=mode, use_datetime_version=False)
+    resume = (
+        nl.AutoResume(restore_config=None, resume_from_path=resume_from, resume_if_exists=False)
+        if resume_from
+        else None
+    )
+    with record_param_syncs(events, lambda: int(trainer.global_step)):
+        llm.train(model=model, data=data, trainer=trainer, log=log, resume=resume, optim=optim, tokenizer="data")
+        # A test after fit on the same trainer: NeMo's strategy would build a second optimizer around
+        # the already-wrapped chunks (and fail); NeMo's own PEFT callback switches it off the same way.
+        trainer.strategy._setup_optimizers = False
+        # The precision plugin set fp8_param=True on the model config, which megatron-core's config
+        # check accepts only with an fp8 mode; that needs TE's layers, which the emulation replaces.
+        model.config.fp8_param = False
+        trainer.test(model, datamodule=data, verbose=False)
+    out = dict(recorder.out)
+    out["events"] = events
+    out["ckpt_dir"] = os.path.join(workdir, mode, "checkpoints")
+    return out
+
+
+def _dp_mean(value: Any) -> float:
+    t = torch.as_tensor(value).detach().float().reshape(1).clone()
+    torch.distributed.all_reduce(t)
+    return float(t.item() / torch.distributed.get_world_size())
+
+
+def _loss_recorder_base() -> Any:
+    import lightning.pytorch as pl
+
+    return pl.Callback
+
+
+class _LossRecorder(_loss_recorder_base()):  # type: ignore[misc]
+    """Train losses per step, validation / test losses as NeMo logs them (DP means)."""
+
+    def __init__(self) -> None:
+        self.out: dict[str, Any] = {"train": [], "val": [], "test": None}
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.out["train"].append((int(trainer.global_step), _dp_mean(loss)))
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        self.out["val"].append((int(trainer.global_step), _dp_mean(trainer.callback_metrics["val_loss"])))
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._test: list[float] = []
+
+    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, *args: Any) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self._test.append(_dp_mean(loss))
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self.out["test"] = sum(self._test) / len(self._test)
+
+
+# ---------------------------------------------------------------- ranks
+def _rank_main(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...], queue: Any) -> None:
+    import pickle
+    import traceback
+
+    # Lightning's environment variables only: NeMo's strategy must create the process group itself
+    # (it initialises megatron-core's parallel state only when it does).
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        NODE_RANK="0",
+        WORLD_SIZE=str(world),
+        NO_VCS_VERSION="1",
+    )
+    try:
+        queue.put((rank, True, pickle.dumps(fn(*args))))
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def launch_nemo(fn: Any, *args: Any, world: int = 2, timeout: float = 900.0) -> list[Any]:
+    """``fn(*args)`` on ``world`` fresh spawned ranks; per-rank results, or the failing rank's traceback."""
+    import pickle
+    import queue as queue_mod
+    import socket
+    import time
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, fn, args, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got: dict[int, Any] = {}
+    failures: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < world and not failures:
+            try:
+                rank, ok, payload = results.get(timeout=1.0)
+            except queue_mod.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in got]
+                if dead:
+                    failures.append(f"rank(s) {dead} died (exit codes {[procs[i].exitcode for i in dead]})")
+                elif time.monotonic() > deadline:
+                    failures.append(f"timed out after {timeout:.0f} s")
+                continue
+            if ok:
+                got[rank] = pickle.loads(payload)
+            else:
+                failures.append(f"rank {rank} failed:\n{payload}")
+    finally:
+        for p in procs:
+            p.join(timeout=5 if failures else 60)
+            if p.is_alive():
+                p.kill()
+    if failures:
+        raise RuntimeError("\n".join(failures))
+    return [got[r] for r in range(world)]
