@@ -340,9 +340,16 @@ class MXFP8ParamSyncLightningCallback(Callback):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.engine is not None:
-            self.engine.note_training_step()
-            self._stepped = True
+        if self.engine is None:
+            return
+        self.engine.note_training_step()
+        self._stepped = True
+        # NeMo's ModelCheckpoint saves the last step weights-only, and Lightning fires no
+        # on_save_checkpoint for a weights-only save: prepare it here (checkpoint callbacks run
+        # after every other callback's on_train_batch_end).
+        max_steps = getattr(trainer, "max_steps", -1) or -1
+        if max_steps > 0 and trainer.global_step >= max_steps and getattr(trainer, "checkpoint_callbacks", None):
+            self._prepare_save("on_train_batch_end")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         engine = self.engine
@@ -396,9 +403,12 @@ class MXFP8ParamSyncLightningCallback(Callback):
         current (core < 0.18 never writes a forced gather back) and, where core does write back,
         re-stage so that write-back gathers weights rather than the re-zeroed buffer.
         """
+        self._prepare_save("on_save_checkpoint")
+
+    def _prepare_save(self, event: str) -> None:
         engine = self.engine
         if engine is None or engine.optimizer is None or not engine.overlap or not self._stepped:
             return
-        self._record("on_save_checkpoint", engine.refresh_weights())
+        self._record(event, engine.refresh_weights())
         if engine.behaviour.forced_sync_writes_back:
             engine.stage_main_params()

@@ -21,10 +21,11 @@ collectives are megatron-core's own, over the process group the launcher set up.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -32,7 +33,89 @@ import torch
 
 from .toy import Job, ToyConfig, make_batches
 
-__all__ = ["ORDERS", "LoopOrder", "LightningRun", "run_lightning_orders"]
+__all__ = [
+    "ORDERS",
+    "RECORDED_HOOKS",
+    "LoopOrder",
+    "LightningRun",
+    "make_event_recorder",
+    "record_param_syncs",
+    "run_lightning_orders",
+]
+
+#: The trainer hooks the plugin acts on, recorded (with the global step) by :func:`make_event_recorder`.
+RECORDED_HOOKS = (
+    "on_fit_start",
+    "on_train_batch_start",
+    "on_train_batch_end",
+    "on_validation_start",
+    "on_validation_end",
+    "on_test_start",
+    "on_test_end",
+    "on_save_checkpoint",
+    "on_train_end",
+)
+
+
+def make_event_recorder(events: list[str]) -> Any:
+    """A Lightning callback appending ``"<hook>@<global_step>"`` to ``events`` for every recorded hook.
+
+    Also NeMo's ``on_megatron_microbatches_start`` (``"microbatches[train|eval]@step"``), which the
+    real ``MegatronParallel`` and this replica fire to every callback defining it. Used to assert
+    that the replica's NeMo order is the real stack's (tests/test_nemo_real.py).
+    """
+    import lightning.pytorch as pl
+
+    def hook(name: str) -> Any:
+        def record(self: Any, trainer: Any, *args: Any, **kwargs: Any) -> None:
+            events.append(f"{name}@{int(trainer.global_step)}")
+
+        return record
+
+    def microbatches(self: Any, step: Any = None, **kwargs: Any) -> None:
+        trainer = self._trainer
+        kind = "eval" if getattr(step, "forward_only", False) else "train"
+        events.append(f"microbatches[{kind}]@{int(trainer.global_step) if trainer else -1}")
+
+    def setup(self: Any, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._trainer = trainer
+
+    body: dict[str, Any] = {name: hook(name) for name in RECORDED_HOOKS}
+    body.update(on_megatron_microbatches_start=microbatches, setup=setup, _trainer=None)
+    return type("EventRecorder", (pl.Callback,), body)()
+
+
+@contextlib.contextmanager
+def record_param_syncs(events: list[str], step: Callable[[], int]) -> Iterator[None]:
+    """Record every forced param all-gather (``"force_param_sync@step"``) and pre-hook toggle.
+
+    Wraps megatron-core's ``DistributedDataParallel`` methods at class level, so the real NeMo
+    strategy's ``force_param_sync()`` and this replica's are seen the same way.
+    """
+    from megatron.core.distributed import DistributedDataParallel as DDP
+
+    real = {n: getattr(DDP, n) for n in ("start_param_sync", "disable_forward_pre_hook", "enable_forward_pre_hook")}
+
+    def start_param_sync(self: Any, *args: Any, force_sync: bool = False, **kwargs: Any) -> Any:
+        if force_sync:
+            events.append(f"force_param_sync@{step()}")
+        return real["start_param_sync"](self, *args, force_sync=force_sync, **kwargs)
+
+    def toggle(name: str) -> Any:
+        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            events.append(f"{name}@{step()}")
+            return real[name](self, *args, **kwargs)
+
+        return wrapped
+
+    DDP.start_param_sync = start_param_sync  # type: ignore[method-assign]
+    DDP.disable_forward_pre_hook = toggle("disable_forward_pre_hook")  # type: ignore[method-assign]
+    DDP.enable_forward_pre_hook = toggle("enable_forward_pre_hook")  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(DDP, name, fn)
 
 
 @dataclass(frozen=True)
