@@ -132,14 +132,20 @@ def _plain_quantizer() -> Any:
 
 
 def _train_one_step(job: Any) -> None:
-    from mbridge_mxfp8_plugin.testing.bridge_loop import _handle_mxfp8_param_buffer_copy
+    """One step in megatron-core's loop order (Megatron-LM core_v0.16.1 training.py L1614-1647)."""
+    import torch
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
     from mbridge_mxfp8_plugin.testing.toy import make_batches
 
-    rank, world = __import__("torch").distributed.get_rank(), __import__("torch").distributed.get_world_size()
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     for chunk in job.model:
         chunk.zero_grad_buffer()
     job.optimizer.zero_grad()
-    _handle_mxfp8_param_buffer_copy(job.optimizer, job.model, True, True)
+    if len(job.model[0].remove_forward_pre_hook_handles) > 0:  # stage only with pre-hooks on
+        for opt in job.optimizer.chained_optimizers:
+            if isinstance(opt, DistributedOptimizer):
+                opt._copy_main_params_to_param_buffer()
     ((x, y),) = make_batches(job.toy, 1, rank=rank, world=world, salt=0)
     job.model[0](x, y).backward()
     for chunk in job.model:
