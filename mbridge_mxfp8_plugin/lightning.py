@@ -348,7 +348,8 @@ class MXFP8ParamSyncLightningCallback(Callback):
         # on_save_checkpoint for a weights-only save: prepare it here (checkpoint callbacks run
         # after every other callback's on_train_batch_end).
         max_steps = getattr(trainer, "max_steps", -1) or -1
-        if max_steps > 0 and trainer.global_step >= max_steps and getattr(trainer, "checkpoint_callbacks", None):
+        saving = bool(getattr(trainer, "checkpoint_callbacks", None))
+        if saving and max_steps > 0 and trainer.global_step >= max_steps:
             self._prepare_save("on_train_batch_end")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:

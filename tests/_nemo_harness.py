@@ -27,6 +27,7 @@ recognises TE's); the reference run keeps them bf16 and applies the same MXFP8 r
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 from collections.abc import Iterator
@@ -247,7 +248,7 @@ def precision_plugin(mode: str) -> Any:
     from nemo import lightning as nl
 
     mx = mode != "reference"
-    return nl.MegatronMixedPrecision(
+    plugin = nl.MegatronMixedPrecision(
         precision="bf16-mixed",
         params_dtype=torch.bfloat16,
         grad_reduce_in_fp32=True,
@@ -255,6 +256,11 @@ def precision_plugin(mode: str) -> Any:
         fp8_param_gather=mx,
         reuse_grad_buf_for_mxfp8_param_ag=mx,
     )
+    # fp8_param_gather also sets the model config's fp8_param (TE creates quantized params under
+    # it), which megatron-core's config check refuses without an fp8 mode, and an fp8 mode needs
+    # TE's layers. The emulation creates the MXFP8 params itself (TinyGPT.configure_model).
+    plugin.dtype_config.fp8_param = False
+    return plugin
 
 
 # ---------------------------------------------------------------- one run on one rank
@@ -266,9 +272,10 @@ def run(
     val_every: int = 3,
     ckpt_every: int | None = 3,
     resume_from: str | None = None,
+    validate_first: bool = True,
     extra_callbacks: tuple[Any, ...] = (),
 ) -> dict[str, Any]:
-    """Validate, ``llm.train``, test; returns losses (DP means) and what the recorder saw."""
+    """``trainer.validate``, ``llm.train``, ``trainer.test``; losses (DP means) and the recorded events."""
     warnings.filterwarnings("ignore")
     import logging
 
@@ -278,7 +285,7 @@ def run(
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
 
     with nemo_on_cpu(), emulated_mxfp8():
-        return _run(mode, workdir, steps, val_every, ckpt_every, resume_from, extra_callbacks)
+        return _run(mode, workdir, steps, val_every, ckpt_every, resume_from, validate_first, extra_callbacks)
 
 
 def _run(
@@ -288,13 +295,13 @@ def _run(
     val_every: int,
     ckpt_every: int | None,
     resume_from: str | None,
+    validate_first: bool,
     extra_callbacks: tuple[Any, ...],
 ) -> dict[str, Any]:
     from nemo import lightning as nl
     from nemo.collections import llm
 
     from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
-
     from mbridge_mxfp8_plugin.testing.lightning_loop import make_event_recorder, record_param_syncs
 
     model, data, optim = build(mode)
@@ -355,13 +362,12 @@ def _run(
         else None
     )
     with record_param_syncs(events, lambda: int(trainer.global_step)):
-        llm.train(model=model, data=data, trainer=trainer, log=log, resume=resume, optim=optim, tokenizer="data")
+        if validate_first:
+            trainer.validate(model, datamodule=data, verbose=False)
+        llm.train(model, data, trainer, log=log, resume=resume, optim=optim, tokenizer="data")
         # A test after fit on the same trainer: NeMo's strategy would build a second optimizer around
         # the already-wrapped chunks (and fail); NeMo's own PEFT callback switches it off the same way.
         trainer.strategy._setup_optimizers = False
-        # The precision plugin set fp8_param=True on the model config, which megatron-core's config
-        # check accepts only with an fp8 mode; that needs TE's layers, which the emulation replaces.
-        model.config.fp8_param = False
         trainer.test(model, datamodule=data, verbose=False)
     out = dict(recorder.out)
     out["events"] = events
@@ -391,10 +397,17 @@ class _LossRecorder(_loss_recorder_base()):  # type: ignore[misc]
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self.out["train"].append((int(trainer.global_step), _dp_mean(loss)))
 
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._val: list[float] = []
+
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, *args: Any) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self._val.append(_dp_mean(loss))
+
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.sanity_checking:
-            return
-        self.out["val"].append((int(trainer.global_step), _dp_mean(trainer.callback_metrics["val_loss"])))
+        # (step, fitting, mean loss): validate() before fit is (0, False, ...).
+        fitting = bool(trainer.state.fn == "fit")
+        self.out["val"].append((int(trainer.global_step), fitting, sum(self._val) / len(self._val)))
 
     def on_test_start(self, trainer: Any, pl_module: Any) -> None:
         self._test: list[float] = []
@@ -429,7 +442,7 @@ def _rank_main(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...],
         queue.put((rank, False, traceback.format_exc()))
 
 
-def launch_nemo(fn: Any, *args: Any, world: int = 2, timeout: float = 900.0) -> list[Any]:
+def launch_nemo(fn: Any, *args: Any, world: int = 2, timeout: float = 900.0, **kwargs: Any) -> list[Any]:
     """``fn(*args)`` on ``world`` fresh spawned ranks; per-rank results, or the failing rank's traceback."""
     import pickle
     import queue as queue_mod
@@ -443,7 +456,10 @@ def launch_nemo(fn: Any, *args: Any, world: int = 2, timeout: float = 900.0) -> 
         port = int(s.getsockname()[1])
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, fn, args, results)) for r in range(world)]
+    target = functools.partial(fn, **kwargs)
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, port, target, args, results)) for r in range(world)
+    ]
     for p in procs:
         p.start()
     got: dict[int, Any] = {}
@@ -472,3 +488,27 @@ def launch_nemo(fn: Any, *args: Any, world: int = 2, timeout: float = 900.0) -> 
     if failures:
         raise RuntimeError("\n".join(failures))
     return [got[r] for r in range(world)]
+
+
+# ---------------------------------------------------------------- checkpoints
+def read_checkpoints(paths: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Every tensor of each NeMo torch_dist checkpoint (``<ckpt>/weights``), read with megatron-core's
+    ``dist_checkpointing`` on the ranks of the package launcher; fp32 copies, keyed by path."""
+    from megatron.core import dist_checkpointing
+
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for path in paths:
+        weights = os.path.join(path, "weights")
+        meta = dist_checkpointing.load_tensors_metadata(weights)
+        for sharded in meta.values():
+            sharded.replica_id = torch.distributed.get_rank()  # every rank reads the full tensors
+        loaded = dist_checkpointing.load(meta, weights)
+        out[path] = {k: v.float().clone() for k, v in loaded.items() if isinstance(v, torch.Tensor)}
+    return out
+
+
+def checkpoint_dirs(ckpt_dir: str) -> list[str]:
+    """NeMo's checkpoint directories in save order (``step=2`` is the save after 3 steps: the
+    metric is logged before the step counter moves)."""
+    names = [n for n in os.listdir(ckpt_dir) if n.startswith("step=") and not n.endswith("-unfinished")]
+    return [os.path.join(ckpt_dir, n) for n in sorted(names, key=lambda n: int(n.split("=")[1]))]

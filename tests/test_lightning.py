@@ -211,3 +211,57 @@ def test_inactive_run_is_a_noop_with_a_message(caplog):
         cb.on_train_batch_start(None, None, None, 0)
     assert cb.engine is None and cb.history == []
     assert "inactive" in caplog.text and "reuse_grad_buf_for_mxfp8_param_ag" in caplog.text
+
+
+def test_discovery_unwraps_attribute_forwarding_wrappers():
+    """NeMo's ``MegatronParallel`` and its per-chunk wrappers forward unknown attribute lookups to
+    the megatron-core DDP inside, so ``ddp_config`` and ``bucket_groups`` resolve on them while their
+    ``buffers`` is ``nn.Module.buffers``. Discovery must return the DDP, not a wrapper."""
+    import torch
+
+    from mbridge_mxfp8_plugin.buckets import is_megatron_ddp
+
+    class DDPLike(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ddp_config = _FakeDDP().ddp_config
+            self.buffers = []  # instance list shadowing nn.Module.buffers, as megatron-core's DDP does
+            self.bucket_groups = []
+
+    class Forwarding(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.module = inner
+
+        def __getattr__(self, name: str):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                if name.startswith("_") or "module" not in self._modules:
+                    raise
+                return getattr(self._modules["module"], name)
+
+    class MegatronParallelLike(torch.nn.ModuleList):
+        def __getattr__(self, name: str):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                if name.startswith("_") or "0" not in self._modules:
+                    raise
+                return getattr(self._modules["0"], name)
+
+    ddps = [DDPLike(), DDPLike()]
+    chunk_wrappers = [Forwarding(Forwarding(d)) for d in ddps]  # Float16Module-like around the DDP
+    parallel = MegatronParallelLike(chunk_wrappers)
+    assert hasattr(parallel, "ddp_config") and hasattr(chunk_wrappers[0], "bucket_groups")
+    assert not is_megatron_ddp(parallel) and not any(is_megatron_ddp(w) for w in chunk_wrappers)
+    assert all(is_megatron_ddp(d) for d in ddps)
+
+    found, fsdp = find_model_chunks([parallel])
+    assert found == ddps and fsdp == []
+    cb = MXFP8ParamSyncLightningCallback()
+    trainer = SimpleNamespace(strategy=SimpleNamespace(model=parallel), optimizers=[])
+    assert cb._chunks(trainer, None) == ddps
+    # A model_getter that returns the wrappers (e.g. iterating MegatronParallel) is unwrapped too.
+    cb = MXFP8ParamSyncLightningCallback(model_getter=lambda t, m: list(parallel))
+    assert cb._chunks(trainer, None) == ddps

@@ -94,7 +94,8 @@ def record_param_syncs(events: list[str], step: Callable[[], int]) -> Iterator[N
     """
     from megatron.core.distributed import DistributedDataParallel as DDP
 
-    real = {n: getattr(DDP, n) for n in ("start_param_sync", "disable_forward_pre_hook", "enable_forward_pre_hook")}
+    names = ("start_param_sync", "disable_forward_pre_hook", "enable_forward_pre_hook")
+    real = {n: getattr(DDP, n) for n in names}
 
     def start_param_sync(self: Any, *args: Any, force_sync: bool = False, **kwargs: Any) -> Any:
         if force_sync:
@@ -134,6 +135,8 @@ class LoopOrder:
     #: NeMo: ModelCheckpoint every N steps -> strategy.save_checkpoint -> force_param_sync().
     save_every: int | None = None
     num_sanity_val_steps: int = 0
+    #: ``trainer.validate()`` before ``fit`` (a user checking the initial or loaded weights).
+    validate_first: bool = False
 
 
 ORDERS: dict[str, LoopOrder] = {
@@ -141,6 +144,9 @@ ORDERS: dict[str, LoopOrder] = {
     "nemo": LoopOrder("nemo"),
     # NeMo 2 with a checkpoint save right before each validation and the sanity check.
     "nemo_save_sanity": LoopOrder("nemo_save_sanity", save_every=3, num_sanity_val_steps=2),
+    # The configuration tests/test_nemo_real.py runs on NeMo's real stack: validate, fit with a save
+    # every 3 steps (the last one weights-only), test.
+    "nemo_real": LoopOrder("nemo_real", save_every=3, validate_first=True),
     # A user loop that stages like Bridge but validates with pre-hooks on (NeMo's validation).
     "staging_prehooks": LoopOrder("staging_prehooks", nemo_events=False, stages_main_params=True),
     # Bridge's order around eval, in Lightning.
@@ -167,6 +173,8 @@ class LightningRun:
     #: loss of ``trainer.test()`` run after fit, on the same data as validation.
     test_loss: float | None = None
     plugin_events: list[str] = field(default_factory=list)
+    #: every recorded hook and forced param sync (:func:`make_event_recorder`, :func:`record_param_syncs`).
+    events: list[str] = field(default_factory=list)
 
 
 def _dp_mean(value: torch.Tensor) -> float:
@@ -178,6 +186,7 @@ def _dp_mean(value: torch.Tensor) -> float:
 def _build_classes() -> dict[str, Any]:
     """Lightning-dependent classes, built on first use so importing this module needs no Lightning."""
     import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
     from .bridge_loop import _handle_mxfp8_param_buffer_copy
@@ -253,6 +262,15 @@ def _build_classes() -> dict[str, Any]:
             # megatron-core allocated everything on the (shimmed) device already; Module.to()
             # under cpu_shim would also trip over its bool-as-ordinal device rewrite.
             pass
+
+    class NeMoLikeCheckpoint(ModelCheckpoint):
+        """NeMo's ``ModelCheckpoint`` saves the step that reaches ``max_steps`` weights-only (without
+        ``save_optim_on_train_end``), and Lightning fires no ``on_save_checkpoint`` for such a save."""
+
+        def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
+            weights_only = self.save_weights_only or trainer.global_step == trainer.max_steps
+            trainer.save_checkpoint(filepath, weights_only)
+            self._last_global_step_saved = trainer.global_step
 
     class HookToggle(pl.Callback):
         """Bridge's eval bracket: runs before the plugin on start (listed first)."""
@@ -333,6 +351,8 @@ def _build_classes() -> dict[str, Any]:
             )
 
         def test_step(self, batch: Any, batch_idx: int) -> None:
+            if self.order.nemo_events:
+                self._fire_nemo("on_megatron_microbatches_start", _Step(forward_only=True))
             x, y = batch
             self._val.append(self.megatron_parallel[0](x, y).detach())
 
@@ -350,6 +370,7 @@ def _build_classes() -> dict[str, Any]:
         "ToyLightningModule": ToyLightningModule,
         "NeMoLikeStrategy": NeMoLikeStrategy,
         "HookToggle": HookToggle,
+        "NeMoLikeCheckpoint": NeMoLikeCheckpoint,
     }
 
 
@@ -378,32 +399,50 @@ def _loader(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
 def _fit_once(
     order: LoopOrder, mode: str, toy: ToyConfig, train_steps: int, val_every: int, workdir: str
 ) -> LightningRun:
+    from .toy import build_job
+
+    classes = _build_classes()
+    record = LightningRun(order=order.name, mode=mode)
+    trainers: list[Any] = []
+    with record_param_syncs(record.events, lambda: int(trainers[0].global_step) if trainers else 0):
+        # Built inside the recording: NeMo builds the DDP (which enables its pre-hooks) inside
+        # the trainer's setup, and the real stack's record starts with that.
+        job = build_job(replace(toy, reference=(mode == "reference")))
+        _fit_and_test(order, mode, toy, train_steps, val_every, workdir, classes, job, record, trainers)
+    return record
+
+
+def _fit_and_test(
+    order: LoopOrder,
+    mode: str,
+    toy: ToyConfig,
+    train_steps: int,
+    val_every: int,
+    workdir: str,
+    classes: dict[str, Any],
+    job: Job,
+    record: LightningRun,
+    trainers: list[Any],
+) -> None:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from ..lightning import MXFP8ParamSyncLightningCallback
-    from .toy import build_job
 
-    classes = _build_classes()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    job = build_job(replace(toy, reference=(mode == "reference")))
-    record = LightningRun(order=order.name, mode=mode)
-    events: list[str] = []
-    module = classes["ToyLightningModule"](job, order, record, events)
+    module = classes["ToyLightningModule"](job, order, record, [])
     train = [make_batches(toy, 1, rank=rank, world=world, salt=i)[0] for i in range(train_steps)]
     val = make_batches(toy, 2, rank=rank, world=world, salt=99991)
     plugin = MXFP8ParamSyncLightningCallback() if mode == "plugin" else None
-    callbacks: list[Any] = []
+    callbacks: list[Any] = [make_event_recorder(record.events)]
     if order.toggle_hooks_around_validation:
         callbacks.append(classes["HookToggle"]())
     if plugin is not None:
         callbacks.append(plugin)
     if order.save_every:
-        callbacks.append(
-            ModelCheckpoint(
-                dirpath=os.path.join(workdir, f"{order.name}-{mode}"), every_n_train_steps=order.save_every
-            )
-        )
+        checkpoint = classes["NeMoLikeCheckpoint"] if order.nemo_events else ModelCheckpoint
+        dirpath = os.path.join(workdir, f"{order.name}-{mode}")
+        callbacks.append(checkpoint(dirpath=dirpath, every_n_train_steps=order.save_every))
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -420,11 +459,13 @@ def _fit_once(
         enable_model_summary=False,
         default_root_dir=workdir,
     )
+    trainers.append(trainer)
+    if order.validate_first:
+        trainer.validate(module, _loader(val), verbose=False)
     trainer.fit(module, _loader(train), _loader(val))
     trainer.test(module, _loader(val), verbose=False)
     if plugin is not None:
         record.plugin_events = [f"{e}:{asdict(s)['note'] or 'ok'}" for e, s in plugin.history]
-    return record
 
 
 def _rank_body(
