@@ -27,6 +27,9 @@ declare -A CELL=(
     [core0192]="3.12 0.6.2"
 )
 ORDER=(core0140 core0153 core0161 core0171 core0182 core0192)
+# Cells whose Bridge release also runs its own pretrain() (tests/test_bridge_real.py): the pairs users run.
+# Their extra packages (transformers, nvidia-modelopt, ...) are in the 3.12 base venv.
+declare -A REAL_PRETRAIN=([core0171]=1 [core0182]=1 [core0192]=1)
 cells=("$@")
 [ ${#cells[@]} -eq 0 ] && cells=("${ORDER[@]}")
 
@@ -63,9 +66,25 @@ setup_base() {  # $1 = 3.11 | 3.12
     echo "[py$pyver] base venv ready in $((SECONDS - t0)) s, $(du -sh "$venv" | cut -f1) ($(disk))"
 }
 
+setup_real() {  # $1 = 3.12: what Bridge's own pretrain() imports, once per base venv (own stamp, so
+    # changing it never reinstalls torch). requirements/bridge-real-py$1.txt says what and why.
+    local pyver=$1 venv=.venv-matrix-py$1 req=requirements/bridge-real-py$1.txt hash stamp t0
+    hash=$(sha1sum < "$req" | cut -c1-12)
+    stamp=$venv/.installed-real-$hash
+    [ -f "$stamp" ] && return 0
+    t0=$SECONDS
+    echo "[py$pyver] installing $req into $venv ($(disk))"
+    pip_q "$venv/bin/python" -m pip install -r "$req"
+    PYTHONWARNINGS=ignore "$venv/bin/python" -c "import transformers, modelopt, tensorboard, psutil, einops" \
+        || { echo "[py$pyver] real-pretrain packages incomplete ($(disk))" >&2; return 1; }
+    rm -f "$venv"/.installed-real-* && touch "$stamp"
+    echo "[py$pyver] real-pretrain packages ready in $((SECONDS - t0)) s, $(du -sh "$venv" | cut -f1) ($(disk))"
+}
+
 setup_cell() {
     local cell=$1 pyver=${CELL[$1]% *} dir=.matrix/$1 req=requirements/$1.txt hash stamp
     setup_base "$pyver" || return 1
+    if [ -n "${REAL_PRETRAIN[$cell]:-}" ]; then setup_real "$pyver" || return 1; fi
     hash=$(cat "$req" | sha1sum | cut -c1-12)
     stamp=$dir/.installed-$hash
     if [ -f "$stamp" ]; then
@@ -113,6 +132,17 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
         RESULT[$cell]="passed"
     else
         RESULT[$cell]="FAILED"; fail=1
+    fi
+    if [ -n "${REAL_PRETRAIN[$cell]:-}" ]; then
+        t1=$SECONDS
+        echo "[$cell] Megatron-Bridge's real pretrain() ($(disk))"
+        # shellcheck disable=SC2086
+        if PYTHONPATH=.matrix/$cell MXFP8_MATRIX_CELL=$cell MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 \
+            "$py" -m pytest -q -p no:cacheprovider tests/test_bridge_real.py ${MATRIX_PYTEST_ARGS:-}; then
+            RESULT[$cell]="${RESULT[$cell]}, real pretrain passed ($((SECONDS - t1)) s)"
+        else
+            RESULT[$cell]="${RESULT[$cell]}, real pretrain FAILED"; fail=1
+        fi
     fi
     SECS[$cell]=$((SECONDS - t0))
     RESULT[$cell]="${RESULT[$cell]}  ($versions)"

@@ -21,8 +21,14 @@ fakes:
   asserts one common ``step`` over the inner optimizer's per-param state, which torch creates
   only at the first ``step()``. A resume calls it on a fresh optimizer, so Bridge's ``load_checkpoint``
   fails before reading a byte. During that one call each param gets ``step = 0`` (the template's
-  placeholder; ``load_state_dict`` replaces it with the checkpoint's step) and the state is emptied
-  again, so the load allocates it as it would anyway.
+  placeholder) and the state is emptied again, so the load allocates it as it would anyway;
+* the same torch-Adam fallback's ``step`` on load: ``load_state_dict`` puts the checkpoint's step
+  into every param's state as *one shared tensor* (torch's Adam then adds 1 per param per step:
+  +16 per iteration for 16 params), and the parameter-state load afterwards copies the template's
+  placeholder step over it (the torch_dist files hold no per-param step). Here the parameter-state
+  load leaves ``step`` alone and each param gets its own copy: the state a TE/Apex fused Adam (step
+  per param group) would resume with. Without this a resumed run's Adam bias correction is wrong
+  from its first step, plugin or not (measured: loss off by 0.1 two steps after the resume).
 
 Everything is reversible and inactive until entered; on a CUDA host only the stubs and the
 ``compile_helpers`` no-op apply.
@@ -118,6 +124,31 @@ def _state_dict_of_fresh_torch_adam(original: Callable[..., Any]) -> Callable[..
     return state_dict
 
 
+def _keep_loaded_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    def set_states(self: Any, model_param: Any, tensors: dict[str, Any]) -> Any:
+        if "step" in tensors:
+            group, order = self.model_param_group_index_map[model_param]
+            current = self.optimizer.state.get(self.optimizer.param_groups[group]["params"][order], {})
+            if "step" in current:
+                tensors = {**tensors, "step": current["step"]}
+        return original(self, model_param, tensors)
+
+    set_states.__wrapped__ = original  # type: ignore[attr-defined]
+    return set_states
+
+
+def _unshared_steps(original: Callable[..., Any]) -> Callable[..., Any]:
+    def load_state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        for state in self.optimizer.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+        return out
+
+    load_state_dict.__wrapped__ = original  # type: ignore[attr-defined]
+    return load_state_dict
+
+
 @contextlib.contextmanager
 def bridge_on_cpu(cpu: bool | None = None) -> Iterator[bool]:
     """Enter before importing ``megatron.bridge``; yields whether the CPU patches are active.
@@ -137,6 +168,10 @@ def bridge_on_cpu(cpu: bool | None = None) -> Iterator[bool]:
         if distrib_optimizer is not None and not getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True):
             cls = distrib_optimizer.DistributedOptimizer
             targets.append((cls, "state_dict", _state_dict_of_fresh_torch_adam(cls.state_dict)))
+            targets.append((cls, "load_state_dict", _unshared_steps(cls.load_state_dict)))
+            if hasattr(cls, "_set_main_param_and_optimizer_states"):
+                setter = cls._set_main_param_and_optimizer_states
+                targets.append((cls, "_set_main_param_and_optimizer_states", _keep_loaded_step(setter)))
         if on_cpu:
             rng = _CpuCudaRng()
             targets += [

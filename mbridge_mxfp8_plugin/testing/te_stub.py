@@ -85,7 +85,14 @@ BRIDGE_STUBS: Mapping[str, frozenset[str]] = {
         {"megatron.bridge.training.pretrain", "megatron.bridge.training.inprocess_restart"}
     ),
     # Hugging Face datasets (pyarrow, pandas): used only by the SFT/packed-sequence datasets.
-    "datasets": frozenset({"megatron.bridge.data.datasets.sft", "megatron.bridge.data.builders.hf_dataset"}),
+    "datasets": frozenset(
+        {
+            "megatron.bridge.data.datasets.sft",
+            "megatron.bridge.data.datasets.gpt_sft",  # 0.6
+            "megatron.bridge.data.builders.hf_dataset",
+            "megatron.bridge.data.sources.hf",  # 0.6
+        }
+    ),
     # GPU inference kernels, reached from `megatron.bridge.models.mamba` -> core's mamba_mixer.
     "triton": frozenset({"megatron.core.inference.contexts.attention_context.triton.tensor_ops"}),
 }
@@ -113,7 +120,9 @@ def importer_scoped_stubs(stubs: Mapping[str, frozenset[str]] = BRIDGE_STUBS) ->
             obj = getattr(obj, part)
         return obj
 
-    def scoped_import(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+    def scoped_import(
+        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    ) -> Any:
         if level == 0 and globals is not None:
             importers = stubs.get(name.partition(".")[0])
             if importers is not None and globals.get("__name__") in importers:

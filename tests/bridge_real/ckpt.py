@@ -12,6 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+_MAIN_PARAM_KEY = re.compile(
+    r"optimizer\.distributed\.dp_group_idx_0\.gbuf_idx_(\d+)\..*\.bucket_idx_(\d+)\.param$"
+)
+
 
 def saved_steps(root: str) -> list[int]:
     return sorted(int(p.name.removeprefix("iter_")) for p in Path(root).glob("iter_*"))
@@ -41,7 +45,7 @@ def _worst_on_rank(root: str, step: int, layout: dict[str, Any], mxfp8_names: li
     sd = dist_checkpointing.load_plain_tensors(str(Path(root) / f"iter_{step:07d}"))
     flat = {}
     for key, value in sd.items():
-        m = re.match(r"optimizer\.distributed\.dp_group_idx_0\.gbuf_idx_(\d+)\..*\.bucket_idx_(\d+)\.param$", key)
+        m = _MAIN_PARAM_KEY.match(key)
         if m:
             flat[(int(m.group(1)), int(m.group(2)))] = value
     worst: dict[str, float] = {}
@@ -57,7 +61,9 @@ def _worst_on_rank(root: str, step: int, layout: dict[str, Any], mxfp8_names: li
     return worst
 
 
-def weights_vs_main_params(root: str, step: int, layout: dict[str, Any], mxfp8_names: list[str]) -> dict[str, float]:
+def weights_vs_main_params(
+    root: str, step: int, layout: dict[str, Any], mxfp8_names: list[str]
+) -> dict[str, float]:
     """param name -> max |checkpointed weight - rounded main param| at ``step``."""
     from mbridge_mxfp8_plugin.testing.launcher import launch
 

@@ -176,14 +176,22 @@ def build_config(spec: JobSpec, world_size: int) -> Any:
         optimizer=opt,
         ddp=ddp,
         scheduler=bc.SchedulerConfig(
-            **_kw(bc.SchedulerConfig, lr_decay_style="constant", lr_warmup_iters=0, start_weight_decay=0.0,
-                  end_weight_decay=0.0)
+            **_kw(
+                bc.SchedulerConfig,
+                lr_decay_style="constant",
+                lr_warmup_iters=0,
+                start_weight_decay=0.0,
+                end_weight_decay=0.0,
+            )
         ),
         dataset=dataset,
         logger=bc.LoggerConfig(**_kw(bc.LoggerConfig, log_interval=1, tensorboard_dir=None)),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=VOCAB),
         checkpoint=checkpoint,
         dist=bc.DistributedInitConfig(**_kw(bc.DistributedInitConfig, distributed_backend="gloo")),
-        comm_overlap=CommOverlapConfig(tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True),
+        # Bridge copies overlap_param_gather onto the optimizer config only through this section
+        comm_overlap=CommOverlapConfig(
+            tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True
+        ),
         **extra,
     )

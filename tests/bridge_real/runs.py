@@ -23,7 +23,8 @@ SAVE_INTERVAL = 3
 
 
 def base_spec(**overrides: Any) -> JobSpec:
-    return replace(JobSpec(mode="reference", train_iters=6, eval_interval=3, save_interval=SAVE_INTERVAL), **overrides)
+    base = JobSpec(mode="reference", train_iters=6, eval_interval=3, save_interval=SAVE_INTERVAL)
+    return replace(base, **overrides)
 
 
 def specs_for(root: Path, *, with_aligned: bool, **overrides: Any) -> dict[str, JobSpec]:
@@ -32,16 +33,20 @@ def specs_for(root: Path, *, with_aligned: bool, **overrides: Any) -> dict[str, 
     modes = ["reference", "mxfp8"] + (["aligned"] if with_aligned else []) + ["plugin"]
     specs = {m: replace(base, mode=m, save_dir=str(root / m)) for m in modes}
     specs["resume"] = replace(
-        base, mode="plugin", save_dir=None, save_interval=None, load_dir=str(root / "plugin"), ckpt_step=SAVE_INTERVAL
+        base,
+        mode="plugin",
+        save_dir=None,
+        save_interval=None,
+        load_dir=str(root / "plugin"),
+        ckpt_step=SAVE_INTERVAL,
     )
     return specs
 
 
 def run_all(root: Path, world_size: int = 2, *, with_aligned: bool, **overrides: Any) -> dict[str, list[Any]]:
     """mode -> per-rank results, from one launch of ``world_size`` ranks."""
-    from mbridge_mxfp8_plugin.testing.launcher import launch
-
     from bridge_real.worker import run_rank
+    from mbridge_mxfp8_plugin.testing.launcher import launch
 
     specs = specs_for(root, with_aligned=with_aligned, **overrides)
     timeout = float(os.environ.get("MXFP8_REAL_BRIDGE_TIMEOUT", "1500"))

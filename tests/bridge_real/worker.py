@@ -13,9 +13,11 @@ sequence of callback events and forced param syncs, and the final weights.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import types
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,11 +101,10 @@ class _Recorder:
             self.r.events.append(name)
 
     def on_train_start(self, ctx: Any) -> None:
-        from mbridge_mxfp8_plugin import check_bucket_alignment
 
         self._ev("on_train_start")
         chunks = [c for c in ctx.model if hasattr(c, "buffers")]
-        self.r.mismatches_after = [str(m.param) for m in check_bucket_alignment(chunks, repair=False).mismatches]
+        self.r.mismatches_after = _mismatches(chunks)
         if len(chunks) == 1:
             self.r.layout = _layout(chunks[0])
 
@@ -135,6 +136,12 @@ class _Recorder:
 
     def on_checkpoint_save(self, ctx: Any) -> None:
         self._ev("on_checkpoint_save")
+
+
+def _mismatches(chunks: list[Any]) -> list[str]:
+    from mbridge_mxfp8_plugin import check_bucket_alignment
+
+    return [str(m.param) for m in check_bucket_alignment(chunks, repair=False).mismatches]
 
 
 def _strip(name: str) -> str:
@@ -169,10 +176,9 @@ class _Probe:
         self.r = result
 
     def on_train_start(self, ctx: Any) -> None:
-        from mbridge_mxfp8_plugin import check_bucket_alignment
 
         chunks = [c for c in ctx.model if hasattr(c, "buffers")]
-        self.r.mismatches_before = [str(m.param) for m in check_bucket_alignment(chunks, repair=False).mismatches]
+        self.r.mismatches_before = _mismatches(chunks)
 
 
 def run_rank(specs: tuple[JobSpec, ...]) -> list[RankResult]:
@@ -192,8 +198,30 @@ def run_rank(specs: tuple[JobSpec, ...]) -> list[RankResult]:
     from mbridge_mxfp8_plugin.testing.bridge_cpu import bridge_on_cpu
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
 
-    with bridge_on_cpu(), emulated_mxfp8():
+    with bridge_on_cpu(), emulated_mxfp8(), _dequantize_like_te2():
         return [_run_one(spec) for spec in specs]
+
+
+@contextlib.contextmanager
+def _dequantize_like_te2() -> Iterator[None]:
+    """megatron-core's ``dequantize_fp8_tensor`` picks TE's API by TE version (``dequantize()``
+    from TE 2.0, ``from_float8()`` before) and fails with no TE installed; checkpoint loads call it
+    on every MXFP8 param. The emulated param implements TE 2's ``dequantize()``."""
+    from megatron.core import fp8_utils
+    from megatron.core.optimizer import distrib_optimizer
+
+    def dequantize(t: torch.Tensor) -> torch.Tensor:
+        return t.dequantize()
+
+    mods = [m for m in (fp8_utils, distrib_optimizer) if hasattr(m, "dequantize_fp8_tensor")]
+    saved = [m.dequantize_fp8_tensor for m in mods]
+    for m in mods:
+        m.dequantize_fp8_tensor = dequantize
+    try:
+        yield
+    finally:
+        for m, f in zip(mods, saved, strict=True):
+            m.dequantize_fp8_tensor = f
 
 
 def _run_one(spec: JobSpec) -> RankResult:
@@ -206,7 +234,9 @@ def _run_one(spec: JobSpec) -> RankResult:
     from mbridge_mxfp8_plugin.testing.bridge_loop import recording_param_syncs
 
     result = RankResult(
-        bridge_version=version("megatron-bridge"), core_version=version("megatron-core"), save_dir=spec.save_dir
+        bridge_version=version("megatron-bridge"),
+        core_version=version("megatron-core"),
+        save_dir=spec.save_dir,
     )
     cfg = build_config(spec, torch.distributed.get_world_size())
     if spec.mxfp8:
