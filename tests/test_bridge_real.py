@@ -219,3 +219,49 @@ def test_replica_loop_makes_the_same_calls_as_real_pretrain(runs, mode):
     real = runs[mode][0].events
     replica = replica_events(mode, runs[mode][0].bridge_version)
     assert replica == real
+
+
+# -- one real pipeline layout: PP=2 x DP=2, virtual pipeline 2, on 4 ranks -----------------------
+@pytest.fixture(scope="module")
+def pipeline_runs(stack):
+    from bridge_real.runs import run_pipeline
+
+    present, _ = stack
+    return run_pipeline(with_aligned=present["A"])
+
+
+def _last_stage(per_rank):
+    """Losses live on the last pipeline stage; every rank there agrees."""
+    last = [r for r in per_rank if r.train_losses]
+    assert last and all(r.train_losses == last[0].train_losses for r in last)
+    return last[0]
+
+
+def test_pipeline_layout_is_interleaved_on_four_ranks(pipeline_runs):
+    ref = pipeline_runs["reference"]
+    assert len(ref) == 4
+    assert {r.num_chunks for r in ref} == {2}  # two model chunks (virtual stages) per rank
+    assert sorted(r.pp_rank for r in ref) == [0, 0, 1, 1]
+    assert sorted(_last_stage(ref).train_losses) == [1, 2, 3, 4, 5, 6]
+
+
+def test_pipeline_plugin_on_equals_reference(pipeline_runs):
+    ref, on = _last_stage(pipeline_runs["reference"]), _last_stage(pipeline_runs["plugin"])
+    train = max(abs(on.train_losses[s] - ref.train_losses[s]) for s in ref.train_losses)
+    evals = max(abs(a[1] - b[1]) for a, b in zip(on.eval_losses, ref.eval_losses, strict=True))
+    assert max(train, evals, abs(on.test_loss - ref.test_loss)) <= TOL, (train, evals)
+    assert all(r.mismatches_after == [] for r in pipeline_runs["plugin"])
+
+
+def test_pipeline_plugin_off_shows_the_defects(pipeline_runs, stack):
+    present, loop = stack
+    ref, off = _last_stage(pipeline_runs["reference"]), _last_stage(pipeline_runs["mxfp8"])
+    clean = _last_stage(pipeline_runs.get("aligned", pipeline_runs["mxfp8"]))
+    if present["A"]:
+        assert any(r.mismatches_before for r in pipeline_runs["mxfp8"])
+        assert max(abs(off.train_losses[s] - ref.train_losses[s]) for s in (2, 3)) > 10 * TOL
+    eval_broken = present["B1"] or (present["B2"] and not loop.stages_before_eval)
+    eval_diff = abs(clean.eval_losses[0][1] - ref.eval_losses[0][1])
+    assert (eval_diff > 10 * TOL) == eval_broken, eval_diff
+    step4 = abs(clean.train_losses[4] - ref.train_losses[4])
+    assert (step4 > 10 * TOL) == present["C"], step4

@@ -85,14 +85,8 @@ BRIDGE_STUBS: Mapping[str, frozenset[str]] = {
         {"megatron.bridge.training.pretrain", "megatron.bridge.training.inprocess_restart"}
     ),
     # Hugging Face datasets (pyarrow, pandas): used only by the SFT/packed-sequence datasets.
-    "datasets": frozenset(
-        {
-            "megatron.bridge.data.datasets.sft",
-            "megatron.bridge.data.datasets.gpt_sft",  # 0.6
-            "megatron.bridge.data.builders.hf_dataset",
-            "megatron.bridge.data.sources.hf",  # 0.6
-        }
-    ),
+    # Each release adds HF-data modules (0.6: data.sources.hf, data.megatron_mimo, ...): the package prefix.
+    "datasets": frozenset({"megatron.bridge.data."}),
     # GPU inference kernels, reached from `megatron.bridge.models.mamba` -> core's mamba_mixer.
     "triton": frozenset({"megatron.core.inference.contexts.attention_context.triton.tensor_ops"}),
 }
@@ -103,12 +97,19 @@ BRIDGE_STUBS: Mapping[str, frozenset[str]] = {
 DECORATORS = frozenset({"triton.jit"})
 
 
+def _listed(importer: Any, importers: frozenset[str]) -> bool:
+    if not isinstance(importer, str):
+        return False
+    return importer in importers or any(p.endswith(".") and importer.startswith(p) for p in importers)
+
+
 @contextlib.contextmanager
 def importer_scoped_stubs(stubs: Mapping[str, frozenset[str]] = BRIDGE_STUBS) -> Iterator[None]:
     """While entered, ``import <pkg>...`` in a module listed for ``pkg`` gets a stub object.
 
-    ``stubs`` maps a top-level package name to the importers (module ``__name__``) that get the
-    stub. Re-entrant; restores the previous ``__import__`` on exit.
+    ``stubs`` maps a top-level package name to the importers (module ``__name__``; an entry ending
+    in ``.`` covers every module under that package) that get the stub. Re-entrant; restores the
+    previous ``__import__`` on exit.
     """
     real_import = builtins.__import__
     roots: dict[str, Any] = {}
@@ -125,7 +126,7 @@ def importer_scoped_stubs(stubs: Mapping[str, frozenset[str]] = BRIDGE_STUBS) ->
     ) -> Any:
         if level == 0 and globals is not None:
             importers = stubs.get(name.partition(".")[0])
-            if importers is not None and globals.get("__name__") in importers:
+            if importers is not None and _listed(globals.get("__name__"), importers):
                 # `import a.b as c` / `import a.b` bind the top package; `from a.b import x` the leaf.
                 return resolve(name) if fromlist else resolve(name.partition(".")[0])
         return real_import(name, globals, locals, fromlist, level)

@@ -43,6 +43,19 @@ def specs_for(root: Path, *, with_aligned: bool, **overrides: Any) -> dict[str, 
     return specs
 
 
+def run_pipeline(world_size: int = 4, *, with_aligned: bool) -> dict[str, list[Any]]:
+    """PP=2 x DP=2 with virtual pipeline 2 (interleaved 1F1B, two model chunks per rank, p2p):
+    reference / plugin off (/ aligned) / plugin on, no checkpoints; mode -> per-rank results."""
+    from bridge_real.worker import run_rank
+    from mbridge_mxfp8_plugin.testing.launcher import launch
+
+    base = base_spec(pp=2, vp=2, num_microbatches=2, save_interval=None, record_events=False)
+    modes = ["reference", "mxfp8"] + (["aligned"] if with_aligned else []) + ["plugin"]
+    timeout = float(os.environ.get("MXFP8_REAL_BRIDGE_TIMEOUT", "1500"))
+    per_rank = launch(run_rank, world_size, tuple(replace(base, mode=m) for m in modes), timeout=timeout)
+    return {name: [rank[i] for rank in per_rank] for i, name in enumerate(modes)}
+
+
 def run_all(root: Path, world_size: int = 2, *, with_aligned: bool, **overrides: Any) -> dict[str, list[Any]]:
     """mode -> per-rank results, from one launch of ``world_size`` ranks."""
     from bridge_real.worker import run_rank

@@ -40,6 +40,9 @@ class RankResult:
     #: params the pre-wrap hook turned into emulated MXFP8
     mxfp8_param_names: list[str] = field(default_factory=list)
     save_dir: str | None = None
+    #: model chunks on this rank (virtual pipeline stages) and its pipeline rank
+    num_chunks: int = 0
+    pp_rank: int = 0
     #: model param name -> (buffer index, bucket index, start, end, shape) in the bucket, the
     #: layout of the distributed optimizer's per-bucket ``param`` tensors in a torch_dist checkpoint
     layout: dict[str, tuple[int, int, int, int, tuple[int, ...]]] = field(default_factory=dict)
@@ -103,6 +106,10 @@ class _Recorder:
     def on_train_start(self, ctx: Any) -> None:
 
         self._ev("on_train_start")
+        from megatron.core import parallel_state
+
+        self.r.num_chunks = len(ctx.model)
+        self.r.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         chunks = [c for c in ctx.model if hasattr(c, "buffers")]
         self.r.mismatches_after = _mismatches(chunks)
         if len(chunks) == 1:
