@@ -135,8 +135,6 @@ class LoopOrder:
     #: NeMo: ModelCheckpoint every N steps -> strategy.save_checkpoint -> force_param_sync().
     save_every: int | None = None
     num_sanity_val_steps: int = 0
-    #: ``trainer.validate()`` before ``fit`` (a user checking the initial or loaded weights).
-    validate_first: bool = False
 
 
 ORDERS: dict[str, LoopOrder] = {
@@ -144,9 +142,9 @@ ORDERS: dict[str, LoopOrder] = {
     "nemo": LoopOrder("nemo"),
     # NeMo 2 with a checkpoint save right before each validation and the sanity check.
     "nemo_save_sanity": LoopOrder("nemo_save_sanity", save_every=3, num_sanity_val_steps=2),
-    # The configuration tests/test_nemo_real.py runs on NeMo's real stack: validate, fit with a save
-    # every 3 steps (the last one weights-only), test.
-    "nemo_real": LoopOrder("nemo_real", save_every=3, validate_first=True),
+    # The configuration tests/test_nemo_real.py runs on NeMo's real stack: fit with a save every 3
+    # steps (the last one weights-only), then test.
+    "nemo_real": LoopOrder("nemo_real", save_every=3),
     # A user loop that stages like Bridge but validates with pre-hooks on (NeMo's validation).
     "staging_prehooks": LoopOrder("staging_prehooks", nemo_events=False, stages_main_params=True),
     # Bridge's order around eval, in Lightning.
@@ -460,8 +458,6 @@ def _fit_and_test(
         default_root_dir=workdir,
     )
     trainers.append(trainer)
-    if order.validate_first:
-        trainer.validate(module, _loader(val), verbose=False)
     trainer.fit(module, _loader(train), _loader(val))
     trainer.test(module, _loader(val), verbose=False)
     if plugin is not None:
