@@ -1,8 +1,21 @@
 """A faithful replica of Megatron-Bridge's train/eval loop order, firing Bridge's real callbacks.
 
-Megatron-Bridge itself cannot be imported without Transformer Engine, but the order in which its
-``train()`` toggles forward pre-hooks, stages main params, forces param syncs and fires callbacks
-is what decides whether MXFP8 weights are right. This module reproduces that order line for line
+Bridge's own ``pretrain()`` runs in the tests too (``tests/test_bridge_real.py``, on CPU through
+``testing.bridge_cpu``), and ``test_replica_loop_makes_the_same_calls_as_real_pretrain`` checks, for
+every Bridge release CI covers, that this replica and the real loop make the same calls in the same
+order (callback events, pre-hook toggles, forced syncs, main-param staging; recorded by
+:func:`recording_param_syncs`). The replica is kept for what the real loop cannot do here, or
+not in seconds: loop orders of Bridge releases on megatron-core releases they do not install with
+(core 0.14 / 0.15 and the "other pairs" of docs/compatibility.md); schedules placed exactly on an
+iteration (SIGTERM and exit-duration saves, async-save finalization, weight-hash checks, an
+exception inside eval, eval-only jobs); the toy layouts of docs/robustness.md (MoE EP=2, several
+optimizer instances, frozen/tied/odd-sized params) and the 200-step soak, each a fraction of a
+second per mode where a real ``pretrain()`` costs ~40 s of imports; and ``mxfp8-plugin demo``,
+which must run without Bridge's dependency tree.
+
+The order in which Bridge's ``train()`` toggles forward pre-hooks, stages main params, forces param
+syncs and fires callbacks is what decides whether MXFP8 weights are right. This module reproduces
+that order line for line
 for megatron-bridge 0.3.1 (the default), 0.4.2, 0.5.1 and 0.6.2 (``train(..., loop="0.5.1")``;
 :class:`LoopOrder` lists what differs, with references to each release's
 ``megatron/bridge/training/{train,eval,pretrain,checkpointing}.py``) around a toy forward/backward,

@@ -132,14 +132,18 @@ class _Recorder:
 
     def on_eval_end(self, ctx: Any) -> None:
         self._ev("on_eval_end")
-        self.r.eval_losses.append((ctx.state.train_state.step, float(ctx.total_loss_dict["lm loss"])))
+        loss = (ctx.total_loss_dict or {}).get("lm loss")  # only the last pipeline stage has losses
+        if loss is not None:
+            self.r.eval_losses.append((ctx.state.train_state.step, float(loss)))
 
     def on_test_start(self, ctx: Any) -> None:
         self._ev("on_test_start")
 
     def on_test_end(self, ctx: Any) -> None:
         self._ev("on_test_end")
-        self.r.test_loss = float(ctx.total_loss_dict["lm loss"])
+        loss = (ctx.total_loss_dict or {}).get("lm loss")
+        if loss is not None:
+            self.r.test_loss = float(loss)
 
     def on_checkpoint_save(self, ctx: Any) -> None:
         self._ev("on_checkpoint_save")
