@@ -1,22 +1,31 @@
 """A real ``lightning.pytorch.Trainer`` driving megatron-core DDP + distributed optimizer, NeMo-2 style.
 
-NeMo 2 itself cannot be installed here (it needs Transformer Engine and Apex), but what decides
-whether MXFP8 weights are right is the order of a handful of operations, which this module
-reproduces in its own minimal code (references are to ``nemo/lightning`` of NVIDIA/NeMo, 2025-09):
+NeMo 2's real stack runs on CPU too (tests/test_nemo_real.py, the NeMo tier: nemo_toolkit 2.7.3,
+megatron-core 0.15.3, Lightning 2.4.0, ~20 s of setup per rank before a step). This replica orders
+the operations that decide whether MXFP8 weights are right the way NeMo does (references are to
+``nemo/lightning`` of nemo_toolkit 2.7.3):
 
 * ``MegatronStrategy.training_step``: ``zero_grad_buffer()`` on every chunk and ``zero_grad()`` on
   every optimizer, then ``MegatronParallel.forward``, which fires ``on_megatron_microbatches_start``
-  on every trainer callback that defines it (``CallbackConnector``), runs the microbatches and
-  finalizes the grads; the Megatron optimizer steps through a ``torch.optim.Optimizer`` wrapper
-  that keeps it as ``.mcore_optimizer``. Nothing stages the fp32 main params.
+  on every trainer callback that defines it (``CallbackConnector``) - in training, validation and
+  test steps alike -, runs the microbatches and finalizes the grads; the Megatron optimizer steps
+  through a ``torch.optim.Optimizer`` wrapper that keeps it as ``.mcore_optimizer``. Nothing
+  stages the fp32 main params.
 * Validation: plain forwards; the forward pre-hooks stay enabled.
 * ``MegatronStrategy.save_checkpoint``: ``force_param_sync()`` (synchronous all-gather on every
-  chunk, pre-hooks untouched) before the weights are read.
+  chunk, pre-hooks untouched) before the weights are read. NeMo's ``ModelCheckpoint`` saves the
+  step that reaches ``max_steps`` weights-only, for which Lightning fires no ``on_save_checkpoint``.
 
-:class:`LoopOrder` switches between that and a Bridge-style user loop (stages the main params
-each step, first step without pre-hooks, pre-hooks disabled around validation by a callback
-that runs before the plugin's). Each rank runs one process-local Trainer (``devices=1``); the
-collectives are megatron-core's own, over the process group the launcher set up.
+tests/test_nemo_real.py asserts that the ``nemo_real`` order records the same hooks, NeMo events,
+pre-hook toggles and forced param syncs, at the same steps, as the real stack
+(:func:`make_event_recorder`, :func:`record_param_syncs`). The replica is kept for what the real
+stack cannot do here: run in the main suite and the release matrix (core 0.14 ... 0.19; NeMo 2.7.3
+runs only on core 0.15), in seconds rather than minutes; loop orders NeMo does not have
+(:class:`LoopOrder`: a Bridge-style user loop, staging with pre-hooks on, the sanity check with a
+save) on the toy model whose numels exercise defect A.
+
+Each rank runs one process-local Trainer (``devices=1``); the collectives are megatron-core's own,
+over the process group the launcher set up.
 """
 
 from __future__ import annotations
