@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU tier + benchmark on a 2-GPU host (the `device` tool's nvidia-h200-x2), one command.
-# Wheels travel in .whl/ (megatron-core 0.16.1 and 0.19.2 cp312, megatron-bridge 0.3.1 and 0.6.2).
+# Wheels travel in .whl/ (megatron-core 0.16.1 and 0.19.2 cp312, megatron-bridge 0.3.1 and 0.6.2; for the
+# 'real' stage also .whl/real{common,031,062}/, see that stage).
 # Results land in $OUT (or benchmarks/results): logs of the GPU tier and eval_sync.{json,png}.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results}
@@ -26,6 +27,17 @@ for stage in $STAGES; do
              PYTHONPATH=/tmp/$core:/tmp/$bridge:. MXFP8_BRIDGE_LOOP=$loop python3 -m pytest -v -rs \
                -p no:cacheprovider tests/test_exit_saves.py 2>&1
            done | tee "$OUT/gpu_exit_saves.log" ;;
+    real) # Megatron-Bridge's own pretrain() (tests/test_bridge_real.py) on NCCL. Wheels: .whl/realcommon
+          # (modelopt + deps, omegaconf), .whl/real031 (Bridge 0.3.1, transformers<5), .whl/real062.
+          for d in realcommon real031 real062; do
+            [ -d /tmp/$d ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/$d .whl/$d/*.whl
+          done
+          for spec in core0161:real031 core0192:real062; do
+            IFS=: read -r core bridge <<< "$spec"
+            echo "== megatron-core ${core#core}, ${bridge}"
+            PYTHONPATH=/tmp/$bridge:/tmp/$core:/tmp/realcommon:. MXFP8_REAL_BRIDGE=require python3 -m pytest -v \
+              -p no:cacheprovider tests/test_bridge_real.py -k "${REAL_K:-not pipeline}" 2>&1
+          done | tee "$OUT/gpu_bridge_real.log" ;;
     bench) python3 benchmarks/eval_sync.py run --sizes "${SIZES:-1B,4B}" --out "$OUT" \
                 --core 0.16.1=/tmp/core0161:/tmp/bridge031 --core 0.19.2=/tmp/core0192:/tmp/bridge062 \
                 2>&1 | grep -v -i warn | tee "$OUT/eval_sync.log" ;;

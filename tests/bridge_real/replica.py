@@ -11,7 +11,11 @@ import warnings
 from typing import Any
 
 
-def _replica_rank(mode: str, release: str) -> list[str]:
+def _replica_rank(modes: tuple[str, ...], release: str) -> dict[str, list[str]]:
+    return {mode: _replica_run(mode, release) for mode in modes}
+
+
+def _replica_run(mode: str, release: str) -> list[str]:
     warnings.filterwarnings("ignore")
     from bridge_real.runs import base_spec
     from bridge_real.worker import RankResult, _Recorder
@@ -39,8 +43,14 @@ def _replica_rank(mode: str, release: str) -> list[str]:
     return list(events)
 
 
+_CACHE: dict[str, dict[str, list[str]]] = {}
+
+
 def replica_events(mode: str, release: str) -> list[str]:
-    """Rank 0's event list of the replica run of ``mode`` with Bridge ``release``'s loop order."""
+    """Rank 0's event list of the replica run of ``mode`` with Bridge ``release``'s loop order
+    (both modes come from one launch: the spawn and imports are most of the cost)."""
     from mbridge_mxfp8_plugin.testing.launcher import launch
 
-    return launch(_replica_rank, 2, mode, release)[0]
+    if release not in _CACHE:
+        _CACHE[release] = launch(_replica_rank, 2, ("mxfp8", "plugin"), release)[0]
+    return _CACHE[release][mode]
