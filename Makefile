@@ -29,7 +29,7 @@ test: lint test-main matrix nemo
 # The doctor's report heads the log: which torch / megatron-core / bridge this suite ran against.
 test-main: $(STAMP)
 	NO_VCS_VERSION=1 $(VENV)/bin/mxfp8-plugin doctor
-	NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs
+	MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs
 
 matrix:
 	bash .ci/matrix.sh core0140 core0153 core0171 core0182 core0192
