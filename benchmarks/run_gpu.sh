@@ -28,16 +28,19 @@ for stage in $STAGES; do
                -p no:cacheprovider tests/test_exit_saves.py 2>&1
            done | tee "$OUT/gpu_exit_saves.log" ;;
     real) # Megatron-Bridge's own pretrain() (tests/test_bridge_real.py) on NCCL. Wheels: .whl/realcommon
-          # (modelopt + deps, omegaconf), .whl/real031 (Bridge 0.3.1, transformers<5), .whl/real062.
-          for d in realcommon real031 real062; do
+          # (modelopt + deps, omegaconf), .whl/real031 (Bridge 0.3.1, transformers<5), .whl/real062
+          # (Bridge 0.6.2, transformers 5.8.1 + tokenizers 0.22.2: the image's 0.23.2 is refused).
+          # REAL_PAIRS picks the pairs (then only their wheel folders need to travel).
+          pairs=${REAL_PAIRS:-"core0161:real031 core0192:real062"}
+          for d in realcommon $(for p in $pairs; do echo "${p#*:}"; done); do
             [ -d /tmp/$d ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/$d .whl/$d/*.whl
           done
-          for spec in core0161:real031 core0192:real062; do
+          for spec in $pairs; do
             IFS=: read -r core bridge <<< "$spec"
             echo "== megatron-core ${core#core}, ${bridge}"
             PYTHONPATH=/tmp/$bridge:/tmp/$core:/tmp/realcommon:. MXFP8_REAL_BRIDGE=require python3 -m pytest -v \
               -p no:cacheprovider tests/test_bridge_real.py -k "${REAL_K:-not pipeline}" 2>&1
-          done | tee "$OUT/gpu_bridge_real.log" ;;
+          done | tee "$OUT/gpu_bridge_real${REAL_LOG:-}.log" ;;
     bench) python3 benchmarks/eval_sync.py run --sizes "${SIZES:-1B,4B}" --out "$OUT" \
                 --core 0.16.1=/tmp/core0161:/tmp/bridge031 --core 0.19.2=/tmp/core0192:/tmp/bridge062 \
                 2>&1 | grep -v -i warn | tee "$OUT/eval_sync.log" ;;

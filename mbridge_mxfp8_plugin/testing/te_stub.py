@@ -89,6 +89,11 @@ BRIDGE_STUBS: Mapping[str, frozenset[str]] = {
     "datasets": frozenset({"megatron.bridge.data."}),
     # GPU inference kernels, reached from `megatron.bridge.models.mamba` -> core's mamba_mixer.
     "triton": frozenset({"megatron.core.inference.contexts.attention_context.triton.tensor_ops"}),
+    # Multimodal data loading (Bridge 0.6: training.config -> data.builders.energon -> data.energon.*):
+    # energon pulls ~15 packages (s3fs, multi-storage-client, ...) and pretrain() on the mock GPT
+    # dataset never touches it. A namespace subpackage, so the key is dotted (`from` imports only).
+    "megatron.energon": frozenset({"megatron.bridge.data."}),
+    "webdataset": frozenset({"megatron.bridge.data."}),
 }
 
 
@@ -107,9 +112,11 @@ def _listed(importer: Any, importers: frozenset[str]) -> bool:
 def importer_scoped_stubs(stubs: Mapping[str, frozenset[str]] = BRIDGE_STUBS) -> Iterator[None]:
     """While entered, ``import <pkg>...`` in a module listed for ``pkg`` gets a stub object.
 
-    ``stubs`` maps a top-level package name to the importers (module ``__name__``; an entry ending
-    in ``.`` covers every module under that package) that get the stub. Re-entrant; restores the
-    previous ``__import__`` on exit.
+    ``stubs`` maps a package name to the importers (module ``__name__``; an entry ending in ``.``
+    covers every module under that package) that get the stub. A dotted package name (a namespace
+    subpackage such as ``megatron.energon``) is served to ``from ... import`` statements only: a bare
+    ``import a.b`` binds ``a``, which must stay real. Re-entrant; restores the previous
+    ``__import__`` on exit.
     """
     real_import = builtins.__import__
     roots: dict[str, Any] = {}
@@ -126,6 +133,11 @@ def importer_scoped_stubs(stubs: Mapping[str, frozenset[str]] = BRIDGE_STUBS) ->
     ) -> Any:
         if level == 0 and globals is not None:
             importers = stubs.get(name.partition(".")[0])
+            if importers is None and fromlist:
+                importers = next(
+                    (v for k, v in stubs.items() if "." in k and (name == k or name.startswith(k + "."))),
+                    None,
+                )
             if importers is not None and _listed(globals.get("__name__"), importers):
                 # `import a.b as c` / `import a.b` bind the top package; `from a.b import x` the leaf.
                 return resolve(name) if fromlist else resolve(name.partition(".")[0])
