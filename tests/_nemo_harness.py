@@ -12,6 +12,8 @@ runtime patch (reversible, active only inside :func:`nemo_on_cpu`):
 * ``torch.tensor(..., pin_memory=True)`` without the pin: NeMo logs every scalar that way, and pinning
   needs CUDA;
 * ``np.product = np.prod``: megatron-core 0.15's checkpoint code calls the alias numpy 2 removed;
+* NeMo's checkpoint loader ``nemo.lightning.io.pl._fix_tensors_device`` -> identity: it asserts CUDA
+  is initialised, then moves tensors between CUDA devices; on CPU there is nothing to move;
 * a ``MockDataModule`` subclass: NeMo 2.7.3's ``setup`` passes ``create_attention_mask`` positionally
   into ``_MockGPTDataset``'s ``seed``, so no mask is built and the no-TE attention asserts on it.
 
@@ -76,6 +78,7 @@ def nemo_on_cpu() -> Iterator[None]:
     """The runtime patches NeMo 2.7.3 + megatron-core 0.15.3 need on a host without CUDA."""
     import numpy as np
     from megatron.core.tensor_parallel import random as core_random
+    from nemo.lightning.io import pl as nemo_ckpt_io
 
     from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
 
@@ -94,6 +97,7 @@ def nemo_on_cpu() -> Iterator[None]:
         (core_random, "_get_cuda_rng_state", rng.get_state),
         (core_random, "_set_cuda_rng_state", rng.set_state),
         (torch, "tensor", tensor_unpinned),
+        (nemo_ckpt_io, "_fix_tensors_device", lambda ckpt: ckpt),
     ]
     if not hasattr(np, "product"):
         targets.append((np, "product", np.prod))
