@@ -396,6 +396,7 @@ def _run(
         # A test after fit on the same trainer: NeMo's strategy would build a second optimizer around
         # the already-wrapped chunks (and fail); NeMo's own PEFT callback switches it off the same way.
         trainer.strategy._setup_optimizers = False
+        trainer.ckpt_path = None  # AutoResume set it; test the weights fit left, do not reload them
         trainer.test(model, datamodule=data, verbose=False)
     out = dict(recorder.out)
     out["events"] = events
