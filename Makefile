@@ -11,11 +11,12 @@ PY := $(VENV)/bin/python
 
 .PHONY: demo test test-main matrix nemo lint clean
 
+# flock: the matrix and NeMo installs, which .ci/test-all.sh runs alongside, build the same egg-info.
 $(STAMP): $(REQ) $(REAL_REQ) pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r $(REQ) -r $(REAL_REQ)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps megatron-bridge==$(BRIDGE_VERSION)
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	flock .venv-editable.lock $(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)
@@ -24,12 +25,13 @@ demo: $(STAMP)
 # The README's test command: lint (ruff, mypy), the full suite on core 0.16.1 (Python 3.11; Bridge
 # 0.3.1's real pretrain() included), the release matrix (core 0.14.0, 0.15.3 on 3.11; 0.17.1, 0.18.2,
 # 0.19.2 on 3.12 with their Bridge releases' real pretrain()), then NeMo 2's real Lightning stack.
-test: lint test-main matrix nemo
+test:
+	bash .ci/test-all.sh
 
 # The doctor's report heads the log: which torch / megatron-core / bridge this suite ran against.
 test-main: $(STAMP)
 	NO_VCS_VERSION=1 $(VENV)/bin/mxfp8-plugin doctor
-	MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs
+	MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs --durations=15
 
 matrix:
 	bash .ci/matrix.sh core0140 core0153 core0171 core0182 core0192

@@ -60,7 +60,7 @@ setup_base() {  # $1 = 3.11 | 3.12
     "$py" -m venv "$venv"
     echo "[py$pyver] installing $req into $venv ($(disk))"
     pip_q "$venv/bin/python" -m pip install -r "$req"
-    pip_q "$venv/bin/python" -m pip install --no-deps -e .
+    pip_q flock .venv-editable.lock "$venv/bin/python" -m pip install --no-deps -e .
     PYTHONWARNINGS=ignore "$venv/bin/python" -c "import torch, pytest, yaml" \
         || { echo "[py$pyver] base install incomplete ($(disk))" >&2; return 1; }
     touch "$stamp"

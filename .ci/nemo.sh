@@ -40,7 +40,7 @@ if [ ! -f "$stamp" ]; then
     echo "nemo: installing $REQ into $VENV"
     pip_q "$PY" -m pip install torch==2.13.0 uv==0.13.9
     "$PY" -m uv pip install -q --python "$PY" --no-cache --no-deps -r "$REQ"
-    "$PY" -m uv pip install -q --python "$PY" --no-cache --no-deps -e .
+    flock .venv-editable.lock "$PY" -m uv pip install -q --python "$PY" --no-cache --no-deps -e .
     # pip only warns on some failures through the filter above; check the result.
     PYTHONWARNINGS=ignore "$PY" -c "import nemo.lightning, nemo.collections.llm, megatron.core, pytest" \
         || { echo "nemo: install incomplete ($(disk))" >&2; exit 1; }
