@@ -326,11 +326,11 @@ def _run(
     validate_first: bool,
     extra_callbacks: tuple[Any, ...],
 ) -> dict[str, Any]:
+    from harness.lightning_loop import make_event_recorder, record_param_syncs
     from nemo import lightning as nl
     from nemo.collections import llm
 
     from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
-    from mbridge_mxfp8_plugin.testing.lightning_loop import make_event_recorder, record_param_syncs
 
     model, data, optim = build(mode)
     events: list[str] = []

@@ -13,8 +13,8 @@ os.environ.setdefault("NO_VCS_VERSION", "1")
 @pytest.fixture(scope="session")
 def bridge_runs():
     """reference / mxfp8 (plugin off) / plugin runs of the default schedule, rank 0's view."""
-    from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
-    from mbridge_mxfp8_plugin.testing.scenarios import run_bridge_scenario
+    from harness.bridge_loop import LoopSchedule
+    from harness.scenarios import run_bridge_scenario
 
     schedule = LoopSchedule(train_iters=10, eval_interval=3, eval_iters=2)
     return {

@@ -1,7 +1,7 @@
 """End to end on real megatron-core, 2 gloo ranks, Bridge's loop order and real CallbackManager.
 
 The same schedule (10 iterations, an eval every 3, a test eval after training) runs three ways;
-see ``mbridge_mxfp8_plugin.testing.scenarios``. The reference run never gathers params, so its
+see ``harness.scenarios``. The reference run never gathers params, so its
 losses are what correct MXFP8 training produces. Each defect test is parametrized over the
 plugin: off, the defect must be visible; on, it must be gone.
 """

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 from _weights import expected_mxfp8_weights, worst_diff
-
-from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
-from mbridge_mxfp8_plugin.testing.scenarios import run_bridge_scenario
+from harness.bridge_loop import LoopSchedule
+from harness.scenarios import run_bridge_scenario
 
 SCHEDULE = LoopSchedule(train_iters=9, eval_interval=3, eval_iters=1, save_interval=4)
 

@@ -37,7 +37,7 @@ OVERRIDES = [
 
 
 def _bridge_omegaconf_utils() -> types.ModuleType:
-    from mbridge_mxfp8_plugin.testing.bridge_loop import find_bridge_file
+    from harness.bridge_loop import find_bridge_file
 
     try:
         path = find_bridge_file("training/utils/omegaconf_utils.py")

@@ -18,11 +18,11 @@ from types import SimpleNamespace
 
 import pytest
 from _weights import expected_mxfp8_weights, worst_diff
+from harness.bridge_loop import LoopSchedule
+from harness.robust import Case, run_cases
 
 from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
 from mbridge_mxfp8_plugin.bridge import EXIT_DURATION_MARGIN_S
-from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
-from mbridge_mxfp8_plugin.testing.robust import Case, run_cases
 
 #: the matrix runs each cell's own loop; the main tier three orders (0.5.1: on_checkpoint_save)
 LOOPS = (

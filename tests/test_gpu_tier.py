@@ -24,9 +24,10 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def gpu_runs():
+    from harness.bridge_loop import LoopSchedule
+    from harness.scenarios import run_bridge_scenario
+
     from mbridge_mxfp8_plugin.testing import shim_needed
-    from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
-    from mbridge_mxfp8_plugin.testing.scenarios import run_bridge_scenario
 
     assert not shim_needed()
     extra = {}

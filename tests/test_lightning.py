@@ -1,6 +1,6 @@
 """The Lightning adapter on a real ``lightning.pytorch.Trainer``, 2 gloo ranks, real megatron-core.
 
-All loop orders (see ``mbridge_mxfp8_plugin.testing.lightning_loop.ORDERS``) x {reference, plugin
+All loop orders (see ``harness.lightning_loop.ORDERS``) x {reference, plugin
 off, plugin on} run in ONE 2-rank spawn (about 20 s); the tests assert on the recorded losses.
 Without the plugin every order must visibly differ from the reference, so these tests can fail.
 """
@@ -35,7 +35,7 @@ def _close(a: float, b: float) -> bool:
 
 @pytest.fixture(scope="module")
 def lightning_runs():
-    from mbridge_mxfp8_plugin.testing.lightning_loop import run_lightning_orders
+    from harness.lightning_loop import run_lightning_orders
 
     return run_lightning_orders(list(ORDER_NAMES), train_steps=9, val_every=3)
 

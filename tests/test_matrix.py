@@ -75,7 +75,7 @@ FIRST_EVAL = EVAL_INTERVAL
 
 
 def _schedule():  # type: ignore[no-untyped-def]
-    from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
+    from harness.bridge_loop import LoopSchedule
 
     # evals after steps 3 and 6, an interval save after step 5 (no eval in that iteration), the
     # release's end-of-run save, then pretrain's test evaluation.
@@ -84,7 +84,7 @@ def _schedule():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def runs():  # type: ignore[no-untyped-def]
-    from mbridge_mxfp8_plugin.testing.scenarios import run_bridge_scenario
+    from harness.scenarios import run_bridge_scenario
 
     print(f"\nmatrix cell: megatron-core {metadata.version('megatron-core')}, Bridge loop order {LOOP}")
     out = {}
@@ -162,7 +162,7 @@ def test_plugin_matches_reference(runs) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_loop_order_fired_the_release_events(runs) -> None:  # type: ignore[no-untyped-def]
-    from mbridge_mxfp8_plugin.testing.bridge_loop import loop_order
+    from harness.bridge_loop import loop_order
 
     order = loop_order(LOOP)
     events = runs["plugin"].loop_events
@@ -201,7 +201,7 @@ def test_defect_detection_can_fail(runs) -> None:  # type: ignore[no-untyped-def
 
 def test_eval_only_job() -> None:
     """Bridge skip_train: pre-hooks never disabled, no optimizer in any callback context."""
-    from mbridge_mxfp8_plugin.testing.scenarios import run_bridge_scenario
+    from harness.scenarios import run_bridge_scenario
 
     res = {
         mode: run_bridge_scenario(mode, _schedule(), loop=LOOP, eval_only=True, run_test=True)[0]
@@ -217,7 +217,8 @@ def test_eval_only_job() -> None:
 
 def test_replica_loop_order_agrees_with_installed_bridge_source() -> None:
     """The replica's per-release switches, checked against the installed Bridge's own train.py/eval.py."""
-    from mbridge_mxfp8_plugin.testing.bridge_loop import loop_order
+    from harness.bridge_loop import loop_order
+
     from mbridge_mxfp8_plugin.upstream import probe_bridge_files
 
     try:

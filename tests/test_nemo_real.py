@@ -146,7 +146,7 @@ def test_resumed_train_continues_the_reference(runs, resumed):
 def test_replica_nemo_order_is_the_real_stack(runs, mode):
     """testing/lightning_loop.py's ``nemo_real`` order fires the same hooks, NeMo events, pre-hook
     toggles and forced param syncs, at the same steps, as NeMo's real stack for this config."""
-    from mbridge_mxfp8_plugin.testing.lightning_loop import run_lightning_orders
+    from harness.lightning_loop import run_lightning_orders
 
     replica = run_lightning_orders(["nemo_real"], modes=(mode,), train_steps=6, val_every=3)
     real = runs[mode][0]["events"]

@@ -22,7 +22,7 @@ def test_import_does_not_pull_bridge_lightning_or_megatron():
 
 
 def test_callback_registers_through_real_bridge_callback_manager():
-    from mbridge_mxfp8_plugin.testing.bridge_loop import load_bridge_callbacks
+    from harness.bridge_loop import load_bridge_callbacks
 
     cb_mod = load_bridge_callbacks()
     manager = cb_mod.CallbackManager()

@@ -3,8 +3,8 @@ bucket group, same (correct) numbers. Guards the fallback used when a forced syn
 
 from __future__ import annotations
 
-from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
-from mbridge_mxfp8_plugin.testing.scenarios import run_bridge_scenario
+from harness.bridge_loop import LoopSchedule
+from harness.scenarios import run_bridge_scenario
 
 
 def test_plugin_without_prestage_matches_reference(bridge_runs):

@@ -141,7 +141,8 @@ def test_one_options_type_for_every_entry_point():
 
 
 def test_tiny_recipe_matches_the_cpu_demo_toy():
-    from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
+    from harness.bridge_loop import LoopSchedule
+
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig
 
     bridge, options = load_recipe(TINY)
@@ -252,7 +253,7 @@ def test_apply_recipe_unknown_container_key_and_mapping_into_a_name(tmp_path):
 
 # --------------------------------------------------------------------------- _schema vs the installed Bridge
 def _bridge_source(relative: str) -> ast.Module:
-    from mbridge_mxfp8_plugin.testing.bridge_loop import find_bridge_file
+    from harness.bridge_loop import find_bridge_file
 
     try:
         path: Path = find_bridge_file(relative)

@@ -1,7 +1,7 @@
 """Robustness (issue 7): parallel layouts, forced syncs at odd moments, misuse.
 
 Real megatron-core on CPU + gloo. Every case runs three ways in the same spawned ranks (see
-``mbridge_mxfp8_plugin.testing.robust``): ``reference`` (bf16 params, same MXFP8 rounding on the
+``harness.robust``): ``reference`` (bf16 params, same MXFP8 rounding on the
 fly, no param gather), ``mxfp8`` (plugin off) and ``plugin``. Each defect test is parametrized
 plugin_off / plugin_on: off must show the defect, on must equal the reference within 1e-4.
 All 2-rank cases (and the misuse checks) share one spawn, the 4-rank cases another.
@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from harness.bridge_loop import LoopSchedule
+from harness.robust import MISUSE, Case, CaseRun, run_cases
 
-from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
-from mbridge_mxfp8_plugin.testing.robust import MISUSE, Case, CaseRun, run_cases
 from mbridge_mxfp8_plugin.testing.toy import ToyConfig
 
 TOL = 1e-4

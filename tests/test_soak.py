@@ -11,9 +11,8 @@ import time
 
 import pytest
 from _weights import expected_mxfp8_weights, worst_diff
-
-from mbridge_mxfp8_plugin.testing.bridge_loop import LoopSchedule
-from mbridge_mxfp8_plugin.testing.robust import Case, CaseRun, run_cases
+from harness.bridge_loop import LoopSchedule
+from harness.robust import Case, CaseRun, run_cases
 
 pytestmark = pytest.mark.slow
 

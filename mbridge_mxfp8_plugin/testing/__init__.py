@@ -1,7 +1,21 @@
-"""Test and demo support: run real megatron-core DDP + distributed optimizer without TE or GPUs.
+"""A small public kit for testing a training loop with the plugin on a laptop: real megatron-core
+DDP + distributed optimizer over gloo, without Transformer Engine or a GPU.
 
-Public so that users can reproduce the defects and the fix on a laptop. Nothing here is imported
-by the plugin itself.
+It is here for users who want to check their own loop (train -> eval -> save -> train with
+:func:`mbridge_mxfp8_plugin.mxfp8_param_sync`) against a reference before spending GPU hours;
+``mxfp8-plugin demo`` is built on it. The plugin itself never imports it.
+
+* ``cpu_shim`` -- a reversible context, active only without CUDA, under which megatron-core's
+  ``device='cuda'`` code runs on CPU (streams and events stubbed, collectives real over gloo).
+* ``emulated_mxfp8`` -- an emulated MXFP8 parameter type registered where megatron-core looks for
+  Transformer Engine's, so core takes its MXFP8 code paths (and shows defects A, B and C).
+* ``launcher`` -- ``launch(fn, world_size)`` runs a module-level function on N spawned ranks.
+* ``toy`` -- a tiny model plus ``build_job`` (DDP + distributed optimizer in the reuse mode) and
+  deterministic batches: the smallest job that exercises every bucket path.
+* ``te_stub`` and ``bridge_cpu`` -- what running Megatron-Bridge's real ``pretrain()`` on CPU needs
+  (importer-scoped stubs for TE and friends, CUDA-only helpers patched); inactive unless entered.
+
+The suite's own loop replicas and case runners live under ``tests/harness``, not here.
 """
 
 from .cpu_shim import cpu_shim, shim_needed

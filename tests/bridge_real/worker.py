@@ -238,11 +238,11 @@ def _dequantize_like_te2() -> Iterator[None]:
 def _run_one(spec: JobSpec) -> RankResult:
     from importlib.metadata import version
 
+    from harness.bridge_loop import recording_param_syncs
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-    from mbridge_mxfp8_plugin.testing.bridge_loop import recording_param_syncs
 
     result = RankResult(
         bridge_version=version("megatron-bridge"),

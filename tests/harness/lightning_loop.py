@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from .toy import Job, ToyConfig, make_batches
+from mbridge_mxfp8_plugin.testing.toy import Job, ToyConfig, make_batches
 
 __all__ = [
     "ORDERS",
@@ -406,7 +406,7 @@ def _loader(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
 def _fit_once(
     order: LoopOrder, mode: str, toy: ToyConfig, train_steps: int, val_every: int, workdir: str
 ) -> LightningRun:
-    from .toy import build_job
+    from mbridge_mxfp8_plugin.testing.toy import build_job
 
     classes = _build_classes()
     record = LightningRun(order=order.name, mode=mode)
@@ -434,7 +434,7 @@ def _fit_and_test(
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from ..lightning import MXFP8ParamSyncLightningCallback
+    from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
 
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     module = classes["ToyLightningModule"](job, order, record, [])
@@ -480,8 +480,8 @@ def _rank_body(
     import logging
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    from .cpu_shim import cpu_shim
-    from .emulated_mxfp8 import emulated_mxfp8
+    from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
 
     out = []
     with tempfile.TemporaryDirectory() as workdir, cpu_shim(), emulated_mxfp8():
@@ -501,7 +501,7 @@ def run_lightning_orders(
     world_size: int = 2,
 ) -> dict[tuple[str, str], list[LightningRun]]:
     """Fit every (order, mode) on ``world_size`` fresh ranks, in one spawn; per-rank records."""
-    from .launcher import launch
+    from mbridge_mxfp8_plugin.testing.launcher import launch
 
     chosen = [ORDERS[o] for o in (orders or list(ORDERS))]
     per_rank = launch(_rank_body, world_size, chosen, list(modes), toy or ToyConfig(), train_steps, val_every)

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .toy import Job, make_batches
+from mbridge_mxfp8_plugin.testing.toy import Job, make_batches
 
 __all__ = [
     "LOOP_ORDERS",

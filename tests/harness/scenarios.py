@@ -21,8 +21,8 @@ import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .launcher import launch
-from .toy import ToyConfig
+from mbridge_mxfp8_plugin.testing.launcher import launch
+from mbridge_mxfp8_plugin.testing.toy import ToyConfig
 
 __all__ = ["ScenarioResult", "run_bridge_scenario", "MODES"]
 
@@ -136,11 +136,11 @@ def _rank_body(
     warnings.filterwarnings("ignore")
     os.environ.setdefault("NO_VCS_VERSION", "1")
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback, check_bucket_alignment
+    from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
+    from mbridge_mxfp8_plugin.testing.toy import build_job
 
     from .bridge_loop import evaluate_only, loop_order, train
-    from .cpu_shim import cpu_shim
-    from .emulated_mxfp8 import emulated_mxfp8
-    from .toy import build_job
 
     with cpu_shim(), emulated_mxfp8():
         job = build_job(replace(toy, reference=(mode == "reference")))

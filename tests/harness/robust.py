@@ -51,9 +51,10 @@ from typing import Any
 
 import torch
 
+from mbridge_mxfp8_plugin.testing.launcher import launch
+from mbridge_mxfp8_plugin.testing.toy import Job, ToyConfig
+
 from .bridge_loop import LoopSchedule
-from .launcher import launch
-from .toy import Job, ToyConfig
 
 __all__ = [
     "Case",
@@ -147,7 +148,7 @@ def _toy_for(case: Case, mode: str) -> ToyConfig:
 
 
 def _build(case: Case, mode: str) -> Job:
-    from .toy import build_job
+    from mbridge_mxfp8_plugin.testing.toy import build_job
 
     _ensure_parallel_state(case.toy.expert_model_parallel_size, case.dist_opt_instances)
     return build_job(_toy_for(case, mode))
@@ -157,7 +158,7 @@ def layout_info(job: Job) -> dict[str, Any]:
     """Chunks, buckets and bucket groups (dense and expert), optimizers and group sizes."""
     from megatron.core import fp8_utils, parallel_state
 
-    from ..sync import distributed_optimizers
+    from mbridge_mxfp8_plugin.sync import distributed_optimizers
 
     chunks = []
     for chunk in job.model:
@@ -257,7 +258,7 @@ def _recover_after_eval_error(job: Job) -> None:
 
 def _optimizer_state(job: Job) -> list[dict[str, Any]]:
     """Each DistributedOptimizer's fp32 main-param shards and torch optimizer state, cloned."""
-    from ..sync import distributed_optimizers
+    from mbridge_mxfp8_plugin.sync import distributed_optimizers
 
     out = []
     for opt in distributed_optimizers(job.optimizer):
@@ -279,7 +280,7 @@ def _optimizer_state(job: Job) -> list[dict[str, Any]]:
 
 def _load_checkpoint(job: Job, weights: dict[str, torch.Tensor], opt_state: list[dict[str, Any]]) -> None:
     """Load a saved ``param.data`` snapshot and the optimizer shards into a fresh job."""
-    from ..sync import distributed_optimizers
+    from mbridge_mxfp8_plugin.sync import distributed_optimizers
 
     with torch.no_grad():
         named = {f"{i}.{n}": p for i, chunk in enumerate(job.model) for n, p in chunk.named_parameters()}
@@ -391,8 +392,8 @@ def _rank_cases(cases: Sequence[Case], misuse: bool = False) -> dict[str, dict[s
 
     warnings.filterwarnings("ignore")
     os.environ.setdefault("NO_VCS_VERSION", "1")
-    from .cpu_shim import cpu_shim
-    from .emulated_mxfp8 import emulated_mxfp8
+    from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
 
     results: dict[str, dict[str, CaseRun]] = {}
     with cpu_shim(), emulated_mxfp8(), _tracking_train_step():
@@ -465,8 +466,7 @@ def _misuse_checks() -> dict[str, str]:
 
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
     from mbridge_mxfp8_plugin.sync import ParamSyncEngine
-
-    from .toy import ToyModel
+    from mbridge_mxfp8_plugin.testing.toy import ToyModel
 
     case = Case("misuse")
     job = _build(case, "plugin")
@@ -548,8 +548,8 @@ def max_weight_error(job: Job) -> float:
     """
     from megatron.core import fp8_utils
 
-    from ..sync import distributed_optimizers
-    from .emulated_mxfp8 import mxfp8_quantize
+    from mbridge_mxfp8_plugin.sync import distributed_optimizers
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import mxfp8_quantize
 
     ranges: dict[Any, Any] = {}
     for opt in distributed_optimizers(job.optimizer):
