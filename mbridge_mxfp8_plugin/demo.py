@@ -1,17 +1,183 @@
 """``mxfp8-plugin demo``: the defects and the fix, side by side, on CPU in about a minute.
 
-Runs one train -> eval -> train schedule three times on 2 gloo ranks (real megatron-core DDP +
-distributed optimizer, emulated MXFP8 params, Bridge's loop order and CallbackManager) and
-prints, per eval, the eval loss and the first training loss after it, against the reference.
+One train -> eval -> train schedule, three times over on 2 gloo ranks: real megatron-core DDP and
+distributed optimizer around the public test kit's toy model with emulated MXFP8 params. The loop
+is a hand-written one in Megatron-LM's order (``megatron/training/training.py`` at tag
+``core_v0.16.1``; line numbers in the comments), with :func:`~mbridge_mxfp8_plugin.mxfp8_param_sync`
+called where the API's docstring tells a Megatron-LM user to add it. That way the demo shows what
+a user's own loop gets, and it stands on nothing but the public API and the public test kit.
+
+Modes: ``reference`` (bf16 params with the same MXFP8 rounding on the fly and no param gather,
+i.e. what correct training computes), plugin OFF (MXFP8 params, fp8 param gather reusing the grad
+buffer) and plugin ON (the same plus the API). All three run in one launch, one after the other,
+so the ranks pay for process start-up and imports once.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
-from typing import TextIO
+import warnings
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
 
 TOLERANCE = 1e-4
+MODES = ("reference", "off", "on")
+LABELS = {
+    "reference": "reference (bf16 params, MXFP8 rounding on the fly, no param gather)",
+    "off": "MXFP8 param gather + grad-buffer reuse, plugin OFF",
+    "on": "MXFP8 param gather + grad-buffer reuse, plugin ON (mxfp8_param_sync)",
+}
+
+
+@dataclass
+class DemoRun:
+    """One mode's view from rank 0 (losses are averaged over the data-parallel ranks)."""
+
+    train_losses: list[float] = field(default_factory=list)
+    #: iteration count at the eval -> eval loss
+    eval_losses: dict[int, float] = field(default_factory=dict)
+    #: per step: bucket groups a forced sync left marked "gather dispatched" with no gather in
+    #: flight when the step's forwards begin, i.e. whose gather and copy-back the step skips (C)
+    skipped_gathers: list[int] = field(default_factory=list)
+    offset_mismatches_before: int = 0
+    offset_mismatches_after: int = 0
+    offset_details: list[str] = field(default_factory=list)
+
+
+def _dp_mean(value: Any) -> float:
+    import torch
+
+    t = value.detach().float().reshape(1).clone()
+    torch.distributed.all_reduce(t)
+    return float(t.item() / torch.distributed.get_world_size())
+
+
+def _skipped_gathers(model: list[Any]) -> int:
+    # Diagnostics only (what defect C looks like inside megatron-core); the loop does not need it.
+    return sum(
+        1
+        for chunk in model
+        for group in [*chunk.bucket_groups, *getattr(chunk, "expert_parallel_bucket_groups", [])]
+        if group.param_gather_dispatched and group.param_gather_handle is None
+    )
+
+
+def _train_step(job: Any, x: Any, y: Any, run: DemoRun) -> float:
+    """``train_step`` (L1603-1703), one microbatch and no pipelining."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    model, optimizer = job.model, job.optimizer
+    for chunk in model:  # L1614-1616
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()  # L1619
+    # L1641-1647: with the grad buffer reused for the param gather, the loop itself copies the
+    # main params into it, but only while the forward pre-hooks are on.
+    if job.optimizer_config.reuse_grad_buf_for_mxfp8_param_ag and job.ddp_config.overlap_param_gather:
+        if len(model[0].remove_forward_pre_hook_handles) > 0:
+            for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+                if isinstance(opt, DistributedOptimizer):
+                    opt._copy_main_params_to_param_buffer()
+    run.skipped_gathers.append(_skipped_gathers(model))
+    loss = model[0](x, y)  # forward_backward_func (L1652)
+    loss.backward()
+    for chunk in model:  # finalize_model_grads -> finish_grad_sync
+        chunk.finish_grad_sync()
+    optimizer.step()  # L1703
+    return _dp_mean(loss)
+
+
+def _evaluate(job: Any, batches: list[Any]) -> float:
+    """``evaluate``: eval mode, forwards without grad, back to train mode."""
+    import torch
+
+    for chunk in job.model:
+        chunk.eval()
+    with torch.no_grad():
+        losses = [job.model[0](x, y) for x, y in batches]
+    for chunk in job.model:
+        chunk.train()
+    return _dp_mean(torch.stack(losses).mean())
+
+
+def megatron_lm_loop(job: Any, *, plugin: bool, train_iters: int, eval_interval: int) -> DemoRun:
+    """``train()`` of Megatron-LM core_v0.16.1 (L2417-3012) cut to train and eval, with the API."""
+    import torch
+
+    from . import mxfp8_param_sync
+    from .testing.toy import make_batches
+
+    model, optimizer = job.model, job.optimizer
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    run = DemoRun()
+    eval_batches = make_batches(job.toy, 2, rank=rank, world=world, salt=99991)
+    # should_disable_forward_pre_hook (L3496-3498): distributed optimizer with overlapped gather.
+    toggle = job.ddp_config.use_distributed_optimizer and job.ddp_config.overlap_param_gather
+    if toggle:  # L2657-2663: the first iteration runs without the pre-hooks
+        for chunk in model:
+            chunk.disable_forward_pre_hook(param_sync=False)
+    with mxfp8_param_sync(model, optimizer) if plugin else _Nothing() as sync:  # API: before L2684
+        for iteration in range(train_iters):  # L2684
+            sync.step_started()  # API: after L2785
+            ((x, y),) = make_batches(job.toy, 1, rank=rank, world=world, salt=iteration)
+            run.train_losses.append(_train_step(job, x, y, run))  # L2786-2797
+            if iteration == 0 and toggle:  # L2815-2829: pre-hooks on after the first step
+                for chunk in model:
+                    chunk.enable_forward_pre_hook()
+            if (iteration + 1) % eval_interval == 0:  # L2914
+                if toggle:  # L2918-2920: the forced all-gather
+                    for chunk in model:
+                        chunk.disable_forward_pre_hook()
+                sync.before_eval()  # API: before L2945
+                run.eval_losses[iteration + 1] = _evaluate(job, eval_batches)  # L2945-2949
+                if toggle:  # L2959-2961
+                    for chunk in model:
+                        chunk.enable_forward_pre_hook()
+                sync.after_eval()  # API: after L2961
+        if toggle:  # L3006-3007: the closing forced sync
+            for chunk in model:
+                chunk.disable_forward_pre_hook()
+    return run
+
+
+class _Nothing:
+    """Stands in for the API in the plugin-OFF and reference runs, so both run the same loop."""
+
+    def __enter__(self) -> _Nothing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda: None
+
+
+def _rank(train_iters: int, eval_interval: int) -> dict[str, DemoRun]:
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("NO_VCS_VERSION", "1")
+    from . import check_bucket_alignment
+    from .testing import cpu_shim, emulated_mxfp8
+    from .testing.toy import ToyConfig, build_job
+
+    runs: dict[str, DemoRun] = {}
+    with cpu_shim(), emulated_mxfp8():
+        for mode in MODES:  # the plugin run last: nothing it does can reach the other two
+            job = build_job(replace(ToyConfig(), reference=(mode == "reference")))
+            before: list[Any] = []
+            if mode != "reference":
+                before = check_bucket_alignment(job.model, repair=False).mismatches
+            run = megatron_lm_loop(
+                job, plugin=(mode == "on"), train_iters=train_iters, eval_interval=eval_interval
+            )
+            run.offset_mismatches_before = len(before)
+            run.offset_details = [f"{m.param}: {m.found} -> {m.expected}" for m in before]
+            if mode != "reference":
+                run.offset_mismatches_after = len(check_bucket_alignment(job.model, repair=False).mismatches)
+            runs[mode] = run
+    return runs
 
 
 def _fmt(value: float, ref: float) -> str:
@@ -20,51 +186,65 @@ def _fmt(value: float, ref: float) -> str:
     return f"{value:9.5f} ({delta:+.1e} {mark})"
 
 
-def run_demo(
-    *, world_size: int = 2, train_iters: int = 9, eval_interval: int = 3, out: TextIO = sys.stdout
-) -> int:
-    """Run the demo; returns the process exit code (0 only if the plugin run matches the reference)."""
-    from .testing.bridge_loop import LoopSchedule
-    from .testing.scenarios import run_bridge_scenario
+def _worst(got: list[float], ref: list[float]) -> float:
+    # NaN counts as the worst: core >= 0.18 without the plugin can evaluate gradients as weights.
+    return max(
+        (abs(a - b) if not math.isnan(a - b) else math.inf for a, b in zip(got, ref, strict=True)),
+        default=0.0,
+    )
 
-    schedule = LoopSchedule(train_iters=train_iters, eval_interval=eval_interval, eval_iters=2)
-    labels = {
-        "reference": "reference (bf16 params, MXFP8 rounding on the fly, no param gather)",
-        "mxfp8": "MXFP8 param gather + grad-buffer reuse, plugin OFF",
-        "plugin": "MXFP8 param gather + grad-buffer reuse, plugin ON",
-    }
-    results = {}
-    for i, mode in enumerate(labels, 1):
-        print(f"[{i}/3] {labels[mode]} ... ", end="", file=out, flush=True)
-        t0 = time.perf_counter()
-        results[mode] = run_bridge_scenario(mode, schedule, world_size=world_size)[0]
-        print(f"done in {time.perf_counter() - t0:.1f}s", file=out, flush=True)
 
-    ref, off, on = results["reference"], results["mxfp8"], results["plugin"]
+def report(runs: dict[str, DemoRun], out: TextIO = sys.stdout) -> int:
+    """Print the comparison; the exit code is 0 only if plugin ON matches the reference within
+    :data:`TOLERANCE` at every eval and train loss and no bucket offset is left wrong."""
+    ref, off, on = runs["reference"], runs["off"], runs["on"]
+    evals = sorted(ref.eval_losses)
+    after_eval = [it for it in evals if it < len(ref.train_losses)]  # 0-based index of the next step
     print(
-        f"\nbucket offsets (defect A): {off.offset_mismatches_before} params mis-indexed by megatron-core; "
-        f"plugin repaired {on.offset_mismatches_before - on.offset_mismatches_after}, "
+        f"\ndefect A, bucket offsets: plugin OFF: {off.offset_mismatches_before} params mis-indexed by "
+        f"megatron-core; plugin ON: repaired {on.offset_mismatches_before - on.offset_mismatches_after}, "
         f"{on.offset_mismatches_after} left",
         file=out,
     )
     for line in on.offset_details:
         print(f"    {line}", file=out)
+
+    def eval_gap(run: DemoRun) -> float:
+        return _worst([run.eval_losses[it] for it in evals], [ref.eval_losses[it] for it in evals])
+
+    print(
+        f"defect B, eval reads stale weights: worst eval-loss error OFF {eval_gap(off):.1e}, "
+        f"ON {eval_gap(on):.1e}",
+        file=out,
+    )
+    print(
+        "defect C, the step after an eval skips its param gather: bucket-group gathers skipped "
+        f"OFF {sum(off.skipped_gathers[i] for i in after_eval)}, "
+        f"ON {sum(on.skipped_gathers[i] for i in after_eval)}",
+        file=out,
+    )
     header = f"{'eval@':>5}  {'eval loss: reference':>20}  {'plugin OFF':>26}  {'plugin ON':>26}"
     print("\n" + header + "\n" + "-" * len(header), file=out)
-    ok = True
-    for step in sorted(k for k in ref.eval_losses if k >= 0):
-        r = ref.eval_losses[step]
-        cells = f"{_fmt(off.eval_losses[step], r):>26}  {_fmt(on.eval_losses[step], r):>26}"
-        print(f"{step:>5}  {r:20.5f}  {cells}", file=out)
-        ok &= abs(on.eval_losses[step] - r) <= TOLERANCE
+    for it in evals:
+        r = ref.eval_losses[it]
+        print(
+            f"{it:>5}  {r:20.5f}  {_fmt(off.eval_losses[it], r):>26}  {_fmt(on.eval_losses[it], r):>26}",
+            file=out,
+        )
     header = f"{'step':>5}  {'train loss after eval':>20}  {'plugin OFF':>26}  {'plugin ON':>26}"
     print("\n" + header + "\n" + "-" * len(header), file=out)
-    for step in sorted(k for k in ref.eval_losses if 0 <= k < len(ref.train_losses)):
-        r = ref.train_losses[step]
-        cells = f"{_fmt(off.train_losses[step], r):>26}  {_fmt(on.train_losses[step], r):>26}"
-        print(f"{step + 1:>5}  {r:20.5f}  {cells}", file=out)
-    ok &= all(abs(a - b) <= TOLERANCE for a, b in zip(on.train_losses, ref.train_losses, strict=True))
-    ok &= on.offset_mismatches_after == 0
+    for i in after_eval:
+        r = ref.train_losses[i]
+        print(
+            f"{i + 1:>5}  {r:20.5f}  {_fmt(off.train_losses[i], r):>26}  {_fmt(on.train_losses[i], r):>26}",
+            file=out,
+        )
+    ok = (
+        sorted(on.eval_losses) == evals
+        and eval_gap(on) <= TOLERANCE
+        and _worst(on.train_losses, ref.train_losses) <= TOLERANCE
+        and on.offset_mismatches_after == 0
+    )
     print(
         "\nRESULT: plugin run matches the reference within 1e-4 (every eval and train loss)"
         if ok
@@ -72,3 +252,23 @@ def run_demo(
         file=out,
     )
     return 0 if ok else 1
+
+
+def collect_runs(*, world_size: int, train_iters: int, eval_interval: int) -> dict[str, DemoRun]:
+    """The three modes on ``world_size`` spawned ranks; rank 0's records."""
+    from .testing import launch
+
+    return launch(_rank, world_size, train_iters, eval_interval)[0]
+
+
+def run_demo(
+    *, world_size: int = 2, train_iters: int = 9, eval_interval: int = 3, out: TextIO = sys.stdout
+) -> int:
+    """Run the demo; returns the process exit code (0 only if the plugin run matches the reference)."""
+    for i, mode in enumerate(MODES, 1):
+        print(f"[{i}/3] {LABELS[mode]}", file=out)
+    print(f"running the three on {world_size} ranks ... ", end="", file=out, flush=True)
+    t0 = time.perf_counter()
+    runs = collect_runs(world_size=world_size, train_iters=train_iters, eval_interval=eval_interval)
+    print(f"done in {time.perf_counter() - t0:.1f}s", file=out, flush=True)
+    return report(runs, out)
