@@ -41,6 +41,9 @@ class JobSpec:
     micro_batch_size: int = 2
     #: global batch = micro batch x data-parallel size x this
     num_microbatches: int = 1
+    #: ``CommOverlapConfig.align_param_gather``; None keeps Bridge's choice, which is True for
+    #: PP > 1 with a virtual pipeline and DP > 1 (and megatron-core's False otherwise)
+    align_param_gather: bool | None = None
     run_test: bool = True
     #: record callback events and forced param syncs (replica-vs-real comparison)
     record_events: bool = False
@@ -192,7 +195,13 @@ def build_config(spec: JobSpec, world_size: int) -> Any:
         dist=bc.DistributedInitConfig(**_kw(bc.DistributedInitConfig, distributed_backend=backend)),
         # Bridge copies overlap_param_gather onto the optimizer config only through this section
         comm_overlap=CommOverlapConfig(
-            tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True
+            **_kw(
+                CommOverlapConfig,
+                tp_comm_overlap=False,
+                overlap_grad_reduce=True,
+                overlap_param_gather=True,
+                align_param_gather=spec.align_param_gather,
+            )
         ),
         **extra,
     )

@@ -43,17 +43,32 @@ def specs_for(root: Path, *, with_aligned: bool, **overrides: Any) -> dict[str, 
     return specs
 
 
-def run_pipeline(world_size: int = 4, *, with_aligned: bool) -> dict[str, list[Any]]:
-    """PP=2 x DP=2 with virtual pipeline 2 (interleaved 1F1B, two model chunks per rank, p2p):
-    reference / plugin off (/ aligned) / plugin on, no checkpoints; mode -> per-rank results."""
+#: The pipeline launch: name -> (mode, align_param_gather). ``None`` keeps Bridge's choice, True
+#: for this layout; with it the interleaved schedule re-dispatches every chunk's all-gather at the
+#: start of each step, which masks C. ``no_align`` is the same job with the flag off (megatron-core's
+#: default, e.g. a Bridge config without a comm-overlap section), offsets repaired: B and C alone.
+PIPELINE_RUNS = {
+    "reference": ("reference", None),
+    "mxfp8": ("mxfp8", None),
+    "no_align": ("aligned", False),
+    "plugin": ("plugin", None),
+    "plugin_no_align": ("plugin", False),
+}
+
+
+def run_pipeline(world_size: int = 4) -> dict[str, list[Any]]:
+    """PP=2 x DP=2 with virtual pipeline 2 (interleaved 1F1B, two model chunks per rank, p2p),
+    the runs of ``PIPELINE_RUNS``, no checkpoints; name -> per-rank results."""
     from bridge_real.worker import run_rank
     from mbridge_mxfp8_plugin.testing.launcher import launch
 
-    base = base_spec(pp=2, vp=2, num_microbatches=2, save_interval=None, record_events=False)
-    modes = ["reference", "mxfp8"] + (["aligned"] if with_aligned else []) + ["plugin"]
+    # 4 steps: the eval at 3 is the forced sync, step 4 the step after it, then pretrain's final
+    # validation and test evals at 4
+    base = base_spec(pp=2, vp=2, num_microbatches=2, train_iters=4, save_interval=None, record_events=False)
+    specs = [replace(base, mode=m, align_param_gather=a) for m, a in PIPELINE_RUNS.values()]
     timeout = float(os.environ.get("MXFP8_REAL_BRIDGE_TIMEOUT", "1500"))
-    per_rank = launch(run_rank, world_size, tuple(replace(base, mode=m) for m in modes), timeout=timeout)
-    return {name: [rank[i] for rank in per_rank] for i, name in enumerate(modes)}
+    per_rank = launch(run_rank, world_size, tuple(specs), timeout=timeout)
+    return {name: [rank[i] for rank in per_rank] for i, name in enumerate(PIPELINE_RUNS)}
 
 
 def run_all(root: Path, world_size: int = 2, *, with_aligned: bool, **overrides: Any) -> dict[str, list[Any]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import types
 import warnings
 from collections.abc import Iterator
@@ -48,6 +49,14 @@ class RankResult:
     layout: dict[str, tuple[int, int, int, int, tuple[int, ...]]] = field(default_factory=dict)
     bridge_version: str = ""
     core_version: str = ""
+    #: ``ddp.align_param_gather`` as Bridge resolved it (the interleaved schedule then dispatches
+    #: every chunk's all-gather itself through ``config.param_sync_func``)
+    align_param_gather: bool | None = None
+    #: one entry per bucket group and forced sync, taken at the group's next all-gather wait: True
+    #: when that wait gathers and copies back, False when it skips (defect C's mechanism)
+    gathers_after_forced_sync: list[bool] = field(default_factory=list)
+    #: wall seconds of this run's ``pretrain()`` on this rank (what each mode costs CI)
+    wall_s: float = 0.0
     plugin_history: list[str] = field(default_factory=list)
 
 
@@ -109,6 +118,7 @@ class _Recorder:
         from megatron.core import parallel_state
 
         self.r.num_chunks = len(ctx.model)
+        self.r.align_param_gather = ctx.state.cfg.ddp.align_param_gather
         self.r.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         chunks = [c for c in ctx.model if hasattr(c, "buffers")]
         self.r.mismatches_after = _mismatches(chunks)
@@ -235,6 +245,36 @@ def _dequantize_like_te2() -> Iterator[None]:
             m.dequantize_fp8_tensor = f
 
 
+@contextlib.contextmanager
+def _recording_gathers_after_forced_syncs(out: list[bool]) -> Iterator[None]:
+    """Defect C where it acts: a forced sync leaves ``param_gather_dispatched`` set and no handle,
+    so the group's next ``finish_param_sync`` (the forward pre-hook's wait) neither gathers nor
+    copies back. Appends, per group, whether that next wait gathers. The interleaved schedule
+    with ``align_param_gather`` dispatches each chunk's gather itself (``param_sync_func``) before
+    that wait, which is why C does not act there. Fresh per run: group ids are not reused across."""
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup as Group
+
+    start, finish = Group.start_param_sync, Group.finish_param_sync
+    forced: set[int] = set()
+
+    def start_param_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("force_sync", args[0] if args else False):
+            forced.add(id(self))
+        return start(self, *args, **kwargs)
+
+    def finish_param_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if id(self) in forced:
+            forced.discard(id(self))
+            out.append(self.param_gather_handle is not None or not self.param_gather_dispatched)
+        return finish(self, *args, **kwargs)
+
+    Group.start_param_sync, Group.finish_param_sync = start_param_sync, finish_param_sync  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Group.start_param_sync, Group.finish_param_sync = start, finish  # type: ignore[method-assign]
+
+
 def _run_one(spec: JobSpec) -> RankResult:
     from importlib.metadata import version
 
@@ -262,8 +302,10 @@ def _run_one(spec: JobSpec) -> RankResult:
         callbacks.append(_Aligner())
     callbacks.append(_Recorder(result, spec.record_events))
     sink: list[str] = result.events if spec.record_events else []
-    with recording_param_syncs(sink):
+    began = time.monotonic()
+    with recording_param_syncs(sink), _recording_gathers_after_forced_syncs(result.gathers_after_forced_sync):
         pretrain(cfg, forward_step, callbacks=callbacks)
+    result.wall_s = time.monotonic() - began
     if plugin is not None:
         result.plugin_history = [e for e, _ in plugin.history]
     return result
