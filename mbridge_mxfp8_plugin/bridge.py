@@ -37,8 +37,7 @@ from ._adapter import bind_engine, check_job
 from ._log import log_rank_zero
 from .errors import MXFP8UsageError
 from .options import PluginOptions
-from .sync import ParamSyncEngine, SyncStats, distributed_optimizers
-from .upstream import probe_live_bridge_loop
+from .sync import ParamSyncEngine, SyncStats
 
 __all__ = ["MXFP8ParamSyncCallback"]
 
@@ -98,7 +97,6 @@ class MXFP8ParamSyncCallback:
         self.engine: ParamSyncEngine | None = None
         self._model_key: tuple[int, ...] | None = None
         self._inactive_reason: str | None = None
-        self._staged_for_sync = False
         #: the running Bridge loop stages main params before every forced sync itself (>= 0.6)
         self._loop_stages = False
         #: Bridge >= 0.5 fires on_checkpoint_save after each save (and we re-stage there)
@@ -113,8 +111,8 @@ class MXFP8ParamSyncCallback:
         model: Sequence[Any] = context.model
         key = tuple(id(m) for m in model)
         if key == self._model_key:
-            if self.engine is not None and getattr(context, "optimizer", None) is not None:
-                self.engine.optimizer = context.optimizer
+            if self.engine is not None:
+                self.engine.bind_optimizer(getattr(context, "optimizer", None))
             return self.engine
         self._model_key = key
         self.engine, self._inactive_reason = bind_engine(
@@ -210,9 +208,6 @@ class MXFP8ParamSyncCallback:
             self._longest_step_s = max(self._longest_step_s, now - self._last_step_end)
         self._last_step_end = now
 
-    def _synced_by_framework(self, engine: ParamSyncEngine) -> bool:
-        return engine.synced_without_gather_in_flight()
-
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, context: Any) -> None:
         self._model_key = None
@@ -220,7 +215,9 @@ class MXFP8ParamSyncCallback:
         engine = self._engine(context)
         if engine is not None:
             self._check_job(engine, context)
-        self._loop_stages = engine is not None and self._loop_stages_itself(engine)
+        # Bridge >= 0.6 with core >= 0.19 stages before every forced sync and core does the rest:
+        # the callback then stays passive (the engine also remembers it when judging evals).
+        self._loop_stages = engine is not None and engine.loop_stages_itself()
 
     def _check_job(self, engine: ParamSyncEngine, context: Any) -> None:
         check_job(
@@ -232,33 +229,11 @@ class MXFP8ParamSyncCallback:
             owner="MXFP8ParamSyncCallback",
         )
 
-    @staticmethod
-    def _loop_stages_itself(engine: ParamSyncEngine) -> bool:
-        """Bridge >= 0.6 with core >= 0.19: every forced sync is preceded by the optimizer's
-        ``prepare_model_params_for_param_sync()`` (evals, saves, hash checks, the closing disable),
-        core writes the gather back (B1) and resets the dispatch state (C). Staging again would
-        only rewrite the buffer, so the callback stays passive."""
-        beh = engine.behaviour
-        if not (beh.has_prepare_for_param_sync and beh.forced_sync_writes_back and beh.has_dispatch_reset):
-            return False
-        if not probe_live_bridge_loop():
-            return False
-        # prepare_model_params_for_param_sync() only stages when the *optimizer* config has both
-        # knobs (DistributedOptimizer.prepare_model_params_for_param_sync, core 0.19).
-        opts = distributed_optimizers(engine.optimizer) if engine.optimizer is not None else []
-        return bool(opts) and all(
-            getattr(o.config, "reuse_grad_buf_for_mxfp8_param_ag", False)
-            and getattr(o.config, "overlap_param_gather", False)
-            for o in opts
-        )
-
     def on_train_step_start(self, context: Any) -> None:
         engine = self._engine(context)
         if engine is None:
             return
-        self._staged_for_sync = False
-        engine.note_training_step()
-        stats = engine.restore_for_training()
+        stats = engine.step_started()
         if stats.groups_reset:
             self._record("on_train_step_start", stats)
 
@@ -266,22 +241,16 @@ class MXFP8ParamSyncCallback:
         engine = self._engine(context)
         if engine is None or not engine.overlap:
             return
-        if self._loop_stages:
-            self._staged_for_sync = True  # the loop stages before its forced sync (Bridge >= 0.6)
-            return
-        if not self.prestage:
+        if self._loop_stages or not self.prestage:
             return
         exit_expected = False
         if self.guard_exit_saves and self._exit_watched(context) and torch.distributed.is_initialized():
             self._note_step_time()
             exit_expected = self._exit_vote(context)
         ahead = self._forced_syncs_ahead(context, exit_expected)
-        if "save" in ahead and not engine.behaviour.forced_sync_writes_back:
-            # Core < 0.18 never writes a forced gather back and no callback fires before a save:
-            # write the weights now and leave the gathered buffer for the save's own gather.
-            self._record("on_train_step_end", engine.refresh_weights(keep_gathered=True))
-        elif ahead:
-            self._staged_for_sync = engine.stage_main_params()
+        if ahead:
+            # No callback fires between here and the loop's forced sync (nor before a save).
+            self._record("on_train_step_end", engine.before_forced_sync(save="save" in ahead))
 
     def _before_eval(self, context: Any, event: str) -> None:
         engine = self._engine(context)
@@ -293,21 +262,15 @@ class MXFP8ParamSyncCallback:
                 "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.",
                 event,
             )
-        fresh = self._staged_for_sync and self._synced_by_framework(engine)
-        self._record(event, engine.weights_for_eval(gathered_fresh=fresh))
-        self._staged_for_sync = False
+        # The engine judges whether the loop's forced gather collected what it staged.
+        self._record(event, engine.before_eval())
 
     def _after_eval(self, context: Any, event: str) -> None:
         engine = self._engine(context)
         if engine is None:
             return
-        if self._loop_stages:
-            stats = engine.restore_for_training()  # no re-staging: the loop stages before a save
-            self._staged_for_sync = True
-        else:
-            stats = engine.back_to_training()
-            self._staged_for_sync = stats.staged
-        self._record(event, stats)
+        # Re-stages for a save in the same iteration, unless the loop stages itself.
+        self._record(event, engine.after_forced_sync())
 
     def on_eval_start(self, context: Any) -> None:
         self._before_eval(context, "on_eval_start")
@@ -326,34 +289,21 @@ class MXFP8ParamSyncCallback:
         if engine is None:
             return
         self._save_seen = True
-        if self._loop_stages:
-            stats = engine.restore_for_training()
-        else:
-            # Like after an eval: core >= 0.18 wrote the save's gather back and re-zeroed the
-            # buffer, so re-stage for a forced sync that may follow without a callback (the
-            # closing disable right after the end-of-training save, Bridge 0.5 train.py L742/L762).
-            stats = engine.back_to_training()
-            self._staged_for_sync = stats.staged
-        self._record("on_checkpoint_save", stats)
+        # Like after an eval: core >= 0.18 wrote the save's gather back and re-zeroed the buffer,
+        # so re-stage for a forced sync that may follow without a callback (the closing disable
+        # right after the end-of-training save, Bridge 0.5 train.py L742/L762).
+        self._record("on_checkpoint_save", engine.after_forced_sync())
 
     def on_train_end(self, context: Any) -> None:
         engine = self._engine(context)
         if engine is None or not self.refresh_at_train_end or engine.optimizer is None:
             return
-        fresh = self._staged_for_sync and self._synced_by_framework(engine)
-        if fresh and self._unseen_save_possible(engine, context):
-            # Bridge < 0.5 saves right before its closing disable (interval save at the last step,
-            # 0.4's end-of-training save) with no callback in between: on core >= 0.18 that save's
-            # gather consumed and re-zeroed the staged buffer, so the closing gather wrote zeros.
-            fresh = False
-        self._record("on_train_end", engine.refresh_weights(gathered_fresh=fresh))
-        self._staged_for_sync = False
-
-    def _unseen_save_possible(self, engine: ParamSyncEngine, context: Any) -> bool:
-        if self._loop_stages or self._save_seen or not engine.behaviour.forced_sync_writes_back:
-            return False  # the loop stages / on_checkpoint_save re-staged / repeated gathers are idempotent
         cfg = getattr(getattr(context, "state", None), "cfg", None)
-        return bool(getattr(getattr(cfg, "checkpoint", None), "save", None))
+        if not self._save_seen and getattr(getattr(cfg, "checkpoint", None), "save", None):
+            # Bridge < 0.5 saves right before its closing disable (interval save at the last step,
+            # 0.4's end-of-training save) and fires no callback for it.
+            engine.forced_sync_unobserved()
+        self._record("on_train_end", engine.refresh_weights(gathered_fresh=None))
 
     # Lightning-style conventions: nothing here must survive a resume.
     def state_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ __all__ = [
     "check_bucket_alignment",
     "expected_index",
     "is_megatron_ddp",
+    "is_megatron_fsdp",
     "iter_buckets",
 ]
 
@@ -47,6 +48,12 @@ def is_megatron_ddp(chunk: Any) -> bool:
     return all(hasattr(chunk, a) for a in ("ddp_config", "bucket_groups")) and not getattr(
         chunk.ddp_config, "use_megatron_fsdp", False
     )
+
+
+def is_megatron_fsdp(obj: Any) -> bool:
+    """A Megatron-FSDP wrapper (``ddp_config.use_megatron_fsdp``): it has none of these defects, so
+    discovery stops there instead of walking into the model."""
+    return hasattr(obj, "ddp_config") and bool(getattr(obj.ddp_config, "use_megatron_fsdp", False))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ decide where the fixes must go:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 try:
@@ -36,7 +36,7 @@ except ImportError as _exc:  # the extra is not installed
 
 from ._adapter import bind_engine, check_job
 from ._log import log_rank_zero
-from .buckets import is_megatron_ddp
+from .buckets import is_megatron_ddp, is_megatron_fsdp
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .sync import ParamSyncEngine, SyncStats, distributed_optimizers
@@ -50,10 +50,6 @@ OptimizerGetter = Callable[[Any, Any], Any]
 #: Lightning's ``LightningOptimizer``: ``_optimizer``; generic wrappers: ``optimizer``).
 _OPTIMIZER_WRAPPER_ATTRS = ("mcore_optimizer", "_optimizer", "optimizer")
 _MAX_DEPTH = 6
-
-
-def _is_megatron_fsdp(obj: Any) -> bool:
-    return bool(getattr(getattr(obj, "ddp_config", None), "use_megatron_fsdp", False))
 
 
 def _describe(obj: Any) -> str:
@@ -78,7 +74,7 @@ def find_model_chunks(roots: Iterable[Any]) -> tuple[list[Any], list[Any]]:
         if obj is None or id(obj) in seen or depth > _MAX_DEPTH:
             return
         seen.add(id(obj))
-        if _is_megatron_fsdp(obj) and hasattr(obj, "ddp_config"):
+        if is_megatron_fsdp(obj):
             fsdp.append(obj)
             return
         if is_megatron_ddp(obj):
@@ -121,10 +117,6 @@ def find_megatron_optimizer(candidates: Iterable[Any]) -> Any | None:
             inner = (getattr(obj, a, None) for a in _OPTIMIZER_WRAPPER_ATTRS)
             obj = next((o for o in inner if o is not None), None)
     return None
-
-
-def _forward_pre_hooks_enabled(chunks: Sequence[Any]) -> bool:
-    return all(len(getattr(c, "remove_forward_pre_hook_handles", {}) or {}) > 0 for c in chunks)
 
 
 class MXFP8ParamSyncLightningCallback(Callback):
@@ -266,7 +258,7 @@ class MXFP8ParamSyncLightningCallback(Callback):
         engine = self.engine
         optimizer = self._optimizer(trainer, pl_module)
         if optimizer is not None:
-            engine.optimizer = optimizer
+            engine.bind_optimizer(optimizer)
         elif need_optimizer and engine.overlap and engine.optimizer is None:
             seen = ", ".join(_describe(o) for o in (getattr(trainer, "optimizers", None) or [])) or "none"
             raise MXFP8UsageError(
@@ -310,10 +302,9 @@ class MXFP8ParamSyncLightningCallback(Callback):
         engine = self.engine
         if engine is None:
             return
-        engine.note_training_step()
         # Safety net: a checkpoint save (or any forced sync) since the last step fires no hook
         # afterwards; without this reset the step would skip its gather (C).
-        stats = engine.restore_for_training()
+        stats = engine.step_started()
         if stats.groups_reset:
             self._record("on_train_batch_start", stats)
 
@@ -327,22 +318,14 @@ class MXFP8ParamSyncLightningCallback(Callback):
         engine = self.engine
         if engine is None or not self.stage_for_nemo_steps or getattr(step, "forward_only", False):
             return
-        if not engine.overlap or engine.optimizer is None:
-            return
-        engine.restore_for_training()
-        if not _forward_pre_hooks_enabled(engine.model_chunks):
-            return
-        if any(g.param_gather_dispatched for g in engine.bucket_groups()):
-            return
-        engine.stage_main_params()
-        self._stepped = True
+        if engine.stage_for_step():
+            self._stepped = True
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.engine is None:
             return
-        self.engine.note_training_step()
         self._stepped = True
         # NeMo's ModelCheckpoint saves the last step weights-only, and Lightning fires no
         # on_save_checkpoint for a weights-only save: prepare it here (checkpoint callbacks run
@@ -374,15 +357,16 @@ class MXFP8ParamSyncLightningCallback(Callback):
                 event,
             )
         # Also right for the sanity check before any step: the main params equal the weights then.
-        self._record(event, engine.weights_for_eval())
+        # Lightning loops never force a sync right before validation: no forced gather to reuse.
+        self._record(event, engine.before_eval(gathered_fresh=False))
 
     def _after_eval(self, event: str) -> None:
         engine = self.engine
         if engine is None:
             return
-        # ModelCheckpoint runs after us and a NeMo save forces a sync: back_to_training re-stages
+        # ModelCheckpoint runs after us and a NeMo save forces a sync: after_forced_sync re-stages
         # where core writes forced gathers back (>= 0.18).
-        self._record(event, engine.back_to_training())
+        self._record(event, engine.after_forced_sync())
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._before_eval(trainer, pl_module, "on_validation_start")
@@ -410,6 +394,4 @@ class MXFP8ParamSyncLightningCallback(Callback):
         engine = self.engine
         if engine is None or engine.optimizer is None or not engine.overlap or not self._stepped:
             return
-        self._record(event, engine.refresh_weights())
-        if engine.behaviour.forced_sync_writes_back:
-            engine.stage_main_params()
+        self._record(event, engine.before_save())

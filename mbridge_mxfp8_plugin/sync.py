@@ -11,10 +11,13 @@ tells the engine what is about to happen, one method per event:
   the main params themselves (NeMo 2);
 * :meth:`ParamSyncEngine.before_forced_sync` when the loop is about to force a param sync
   (eval, checkpoint save) and no hook will run between that sync and the reader;
+* :meth:`ParamSyncEngine.before_save` before a save that may or may not force a sync first;
 * :meth:`ParamSyncEngine.before_eval` / :meth:`ParamSyncEngine.after_forced_sync` around eval
   and test, and after a save;
 * :meth:`ParamSyncEngine.refresh_weights` when something outside training reads the weights
-  (the end of training, an export).
+  (the end of training, an export);
+* :meth:`ParamSyncEngine.forced_sync_unobserved` when the loop may have forced a sync that no
+  event announced.
 
 The public loop-agnostic API (:mod:`.api`) and both callbacks are thin translations onto these.
 
@@ -28,6 +31,7 @@ the result into the params at all.
 from __future__ import annotations
 
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -166,6 +170,14 @@ def _flatten(plans: list[_GroupPlan]) -> _WriteBack:
         shared_buffers=[bp.bucket.param_data for bp in buckets if bp.shared_with_grads],
         groups=[plan.group for plan in plans],
         params=sum(len(bp.copies) + len(bp.plain_dst) for bp in buckets),
+    )
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(
+        f"ParamSyncEngine.{old}() is deprecated; call ParamSyncEngine.{new}() instead",
+        DeprecationWarning,
+        stacklevel=3,
     )
 
 
@@ -372,6 +384,21 @@ class ParamSyncEngine:
         self._staged_ahead = stats.staged
         return stats
 
+    def before_save(self) -> SyncStats:
+        """A checkpoint save reads ``param.data`` next, and the loop may or may not force a param
+        sync first (Lightning strategies differ; NeMo 2's does, with no hook after it).
+
+        Refreshes the weights now and, where core writes forced gathers back (>= 0.18), stages the
+        main params again, so a forced sync that does follow gathers weights rather than the
+        buffer the refresh's write-back re-zeroed. Loops that always force a sync right before a
+        save, with no hook in between (Megatron-LM, Bridge), use
+        ``before_forced_sync(save=True)``, which issues no gather of its own on core >= 0.18.
+        """
+        stats = self.refresh_weights()
+        if self.optimizer is not None and self.behaviour.forced_sync_writes_back:
+            stats.staged = self.stage_main_params()
+        return stats
+
     def before_eval(self, *, gathered_fresh: bool | None = None) -> SyncStats:
         """Eval or test is about to read the weights: make them the current main params.
 
@@ -411,6 +438,18 @@ class ParamSyncEngine:
             stats.staged = self.stage_main_params()
             self._staged_ahead = stats.staged
         return stats
+
+    def forced_sync_unobserved(self) -> None:
+        """The loop may have forced a param sync that no event announced (Bridge < 0.5 saves right
+        before its closing disable and fires no callback for that save).
+
+        On core >= 0.18 such a sync wrote the staged main params back and re-zeroed the shared
+        buffer, so a forced gather after it collected zeros: what was staged no longer counts
+        when :meth:`refresh_weights` or :meth:`before_eval` judge freshness. On core < 0.18 the
+        buffer is left as gathered, and a loop that stages itself re-stages before every sync.
+        """
+        if self.behaviour.forced_sync_writes_back and not self._loop_stages:
+            self._staged_ahead = False
 
     def refresh_weights(
         self, *, gathered_fresh: bool | None = False, keep_gathered: bool = False
@@ -469,27 +508,32 @@ class ParamSyncEngine:
         return True
 
     # ------------------------------------------------------------------ deprecated names
-    # Kept for adapters and tests written before the one-name-per-action surface; each is a
-    # thin alias and will go once every caller uses the name on the right.
+    # ParamSyncEngine is public, so code written against the earlier names keeps working for
+    # now; nothing in the package or its tests calls them.
     def weights_for_eval(self, *, gathered_fresh: bool = False) -> SyncStats:
         """Deprecated: :meth:`before_eval`."""
+        _deprecated("weights_for_eval", "before_eval")
         return self.before_eval(gathered_fresh=gathered_fresh)
 
     def back_to_training(self) -> SyncStats:
         """Deprecated: :meth:`after_forced_sync`."""
+        _deprecated("back_to_training", "after_forced_sync")
         return self.after_forced_sync()
 
     def restore_for_training(self) -> SyncStats:
         """Deprecated: :meth:`step_started` at a step, :meth:`after_forced_sync` after a sync."""
+        _deprecated("restore_for_training", "step_started or after_forced_sync")
         return self._reset_dispatch()
 
     def note_training_step(self) -> None:
         """Deprecated: :meth:`step_started`."""
+        _deprecated("note_training_step", "step_started")
         self.weights_fresh = False
         self._staged_ahead = False
 
     def hold_weights(self) -> SyncStats:
         """Deprecated: :meth:`before_eval` holds the weights when no optimizer is bound."""
+        _deprecated("hold_weights", "before_eval")
         return self._hold()
 
     # ------------------------------------------------------------------ internals

@@ -520,13 +520,13 @@ def _in_flight_checks(job: Job) -> dict[str, str]:
     out["in_flight_dispatched"] = (
         f"handle={handle is not None} dispatched={groups[0].param_gather_dispatched}"
     )
-    stats = engine.restore_for_training()
+    stats = engine.step_started()
     out["in_flight_restore"] = (
         f"groups_reset={stats.groups_reset} handle_kept={groups[0].param_gather_handle is handle} "
         f"dispatched={groups[0].param_gather_dispatched}"
     )
     out["in_flight_stage"] = f"staged={engine.stage_main_params()}"
-    engine.hold_weights()
+    ParamSyncEngine(job.model).before_eval()  # no optimizer bound: holds the weights as they are
     out["in_flight_hold"] = f"handle_kept={groups[0].param_gather_handle is handle}"
     out["in_flight_weights_before_refresh"] = str(max_weight_error(job))
     stats = engine.refresh_weights()
