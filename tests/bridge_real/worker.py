@@ -118,7 +118,8 @@ class _Recorder:
         from megatron.core import parallel_state
 
         self.r.num_chunks = len(ctx.model)
-        self.r.align_param_gather = ctx.state.cfg.ddp.align_param_gather
+        ddp = getattr(ctx.state.cfg, "ddp", None)  # the replica's state carries no DDP config
+        self.r.align_param_gather = None if ddp is None else ddp.align_param_gather
         self.r.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         chunks = [c for c in ctx.model if hasattr(c, "buffers")]
         self.r.mismatches_after = _mismatches(chunks)
