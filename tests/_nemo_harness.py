@@ -7,19 +7,31 @@ NeMo picks megatron-core's local layer spec), ``llm.MockDataModule``, ``llm.trai
 runtime patch (reversible, active only inside :func:`nemo_on_cpu`):
 
 * the package's :func:`~mbridge_mxfp8_plugin.testing.cpu_shim.cpu_shim` (device, streams, type names);
-* the CUDA RNG state -> a private CPU generator (megatron-core's RNG tracker seeds and forks it; with
-  dropout off nothing draws from it, so no value depends on which generator it is);
+* the CUDA RNG state -> a private CPU generator, as for Bridge (``testing.bridge_cpu.cpu_cuda_rng``;
+  megatron-core's RNG tracker seeds and forks it; with dropout off nothing draws from it, so no value
+  depends on which generator it is);
 * ``torch.tensor(..., pin_memory=True)`` without the pin: NeMo logs every scalar that way, and pinning
   needs CUDA;
 * ``np.product = np.prod``: megatron-core 0.15's checkpoint code calls the alias numpy 2 removed;
 * NeMo's checkpoint loader ``nemo.lightning.io.pl._fix_tensors_device`` -> identity: it asserts CUDA
   is initialised, then moves tensors between CUDA devices; on CPU there is nothing to move;
 * a ``MockDataModule`` subclass: NeMo 2.7.3's ``setup`` passes ``create_attention_mask`` positionally
-  into ``_MockGPTDataset``'s ``seed``, so no mask is built and the no-TE attention asserts on it.
+  into ``_MockGPTDataset``'s ``seed``, so no mask is built and the no-TE attention asserts on it; and
+  the mock keeps no data position in a checkpoint (``PreTrainingDataModule`` does), so a resumed fit
+  would re-read the first batches;
+* megatron-core's ``dequantize_fp8_tensor`` (checkpoint loads run it on every MXFP8 param) picks TE's
+  API by asking ``is_te_min_version("2.0")``, which raises without TE; the emulated param has TE 2's
+  ``dequantize()``, so the patched function calls that (in ``fp8_utils`` and in
+  ``distrib_optimizer``, which imported it by name).
 
-And two configuration choices: ``ckpt_save_optimizer=False`` (megatron-core's sharded optimizer
-state trips over the scalar ``step`` tensor of the torch Adam it uses without TE), so a resumed run
-rebuilds its fp32 main params from the checkpointed weights.
+* megatron-core's torch-``Adam`` fallback (no Apex, no TE) in distributed-optimizer checkpoints:
+  the package's ``testing.bridge_cpu.torch_adam_checkpoints`` (fresh-state template, per-param
+  ``step`` on load), as for Bridge.
+
+And one configuration choice: the optimizer state is saved ``ckpt_optim_fully_reshardable=True``.
+NeMo's default ``dp_reshardable`` layout asserts that every per-param optimizer state has the
+param's shape (core 0.15.3 ``distrib_optimizer.py:1646``), and the torch Adam's ``step`` is a
+scalar; the fully reshardable layout reads ``step`` from the param groups, as with TE's Adam.
 
 MXFP8 without Transformer Engine: after NeMo's ``configure_model`` the linear weights of every
 transformer layer become the package's emulated MXFP8 params (megatron-core recognises them as it
@@ -29,7 +41,6 @@ recognises TE's); the reference run keeps them bf16 and applies the same MXFP8 r
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import warnings
 from collections.abc import Iterator
@@ -43,20 +54,6 @@ MXFP8_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
 # ---------------------------------------------------------------- CPU patches
-class _CpuCudaRng:
-    def __init__(self) -> None:
-        self.gen = torch.Generator()
-
-    def get_state(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self.gen.get_state()
-
-    def set_state(self, state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        self.gen.set_state(state.clone())
-
-    def seed(self, seed: int, *args: Any, **kwargs: Any) -> None:
-        self.gen.manual_seed(int(seed))
-
-
 @contextlib.contextmanager
 def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
     missing = object()
@@ -73,16 +70,21 @@ def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
                 setattr(obj, name, old)
 
 
+def _dequantize_te2(t: torch.Tensor) -> torch.Tensor:
+    return t.dequantize()
+
+
 @contextlib.contextmanager
 def nemo_on_cpu() -> Iterator[None]:
     """The runtime patches NeMo 2.7.3 + megatron-core 0.15.3 need on a host without CUDA."""
     import numpy as np
-    from megatron.core.tensor_parallel import random as core_random
+    from megatron.core import fp8_utils
+    from megatron.core.optimizer import distrib_optimizer
     from nemo.lightning.io import pl as nemo_ckpt_io
 
+    from mbridge_mxfp8_plugin.testing.bridge_cpu import cpu_cuda_rng, torch_adam_checkpoints
     from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
 
-    rng = _CpuCudaRng()
     real_tensor = torch.tensor
 
     def tensor_unpinned(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -90,18 +92,14 @@ def nemo_on_cpu() -> Iterator[None]:
         return real_tensor(*args, **kwargs)
 
     targets: list[tuple[Any, str, Any]] = [
-        (torch.cuda, "get_rng_state", rng.get_state),
-        (torch.cuda, "set_rng_state", rng.set_state),
-        (torch.cuda, "manual_seed", rng.seed),
-        (torch.cuda, "manual_seed_all", rng.seed),
-        (core_random, "_get_cuda_rng_state", rng.get_state),
-        (core_random, "_set_cuda_rng_state", rng.set_state),
         (torch, "tensor", tensor_unpinned),
         (nemo_ckpt_io, "_fix_tensors_device", lambda ckpt: ckpt),
+        (fp8_utils, "dequantize_fp8_tensor", _dequantize_te2),
+        (distrib_optimizer, "dequantize_fp8_tensor", _dequantize_te2),
     ]
     if not hasattr(np, "product"):
         targets.append((np, "product", np.prod))
-    with cpu_shim(), _patched(targets):
+    with cpu_shim(), cpu_cuda_rng(), torch_adam_checkpoints(), _patched(targets):
         yield
 
 
@@ -189,17 +187,58 @@ def build(mode: str) -> tuple[Any, Any, Any]:
             return self.validation_loss_reduction
 
     class MockData(llm.MockDataModule):
+        """NeMo's mock data with two gaps closed that its real ``PreTrainingDataModule`` does not have.
+
+        ``setup`` passes ``create_attention_mask`` by keyword (NeMo 2.7.3 passes it positionally into
+        ``_MockGPTDataset``'s ``seed``: no mask, and the no-TE attention asserts on it). And the data
+        position survives a checkpoint: the mock saves nothing and builds plain ``DataLoader``s, so a
+        resumed fit would restart at sample 0 and its validation would start at the training offset.
+        Here, as in ``PreTrainingDataModule``, the consumed-sample count is the datamodule's checkpoint
+        state and each loader carries its mode, which NeMo's sampler reads (only ``train`` resumes).
+        """
+
         def setup(self, stage: str = "") -> None:
             from nemo.collections.llm.gpt.data.mock import _MockGPTDataset
 
             make = _MockGPTDataset
             mask = self.create_attention_mask
-            self._train_ds = make(self.tokenizer, "train", self.num_train_samples, self.seq_length,
-                                  create_attention_mask=mask)
-            self._validation_ds = make(self.tokenizer, "valid", self.num_val_samples, self.seq_length,
-                                       create_attention_mask=mask)
-            self._test_ds = make(self.tokenizer, "test", self.num_test_samples, self.seq_length,
-                                 create_attention_mask=mask)
+            self._train_ds = make(
+                self.tokenizer, "train", self.num_train_samples, self.seq_length, create_attention_mask=mask
+            )
+            self._validation_ds = make(
+                self.tokenizer, "valid", self.num_val_samples, self.seq_length, create_attention_mask=mask
+            )
+            self._test_ds = make(
+                self.tokenizer, "test", self.num_test_samples, self.seq_length, create_attention_mask=mask
+            )
+
+        def train_dataloader(self) -> Any:
+            return self._loader(self._train_ds, "train")
+
+        def val_dataloader(self) -> Any:
+            return self._loader(self._validation_ds, "validation")
+
+        def test_dataloader(self) -> Any:
+            return self._loader(self._test_ds, "test")
+
+        def _loader(self, dataset: Any, mode: str) -> Any:
+            from nemo.lightning.data import WrappedDataLoader
+
+            # consumed samples are counted from the step this loader starts at
+            self.data_sampler.init_global_step = self.trainer.global_step
+            return WrappedDataLoader(
+                mode=mode, dataset=dataset, num_workers=0, pin_memory=False, collate_fn=dataset.collate_fn
+            )
+
+        def state_dict(self) -> dict[str, Any]:
+            sampler = self.data_sampler
+            done = self.trainer.global_step - sampler.init_global_step
+            return {"consumed_samples": sampler.compute_consumed_samples(done)}
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            sampler = self.data_sampler
+            sampler.init_consumed_samples = sampler.prev_consumed_samples = state_dict["consumed_samples"]
+            sampler.if_first_step = 1
 
     tokenizer = NullTokenizer(VOCAB - 1)
     config = llm.GPTConfig(
@@ -342,8 +381,9 @@ def _run(
         tensor_model_parallel_size=1,
         pipeline_model_parallel_size=1,
         ddp=ddp_config(mode),
-        ckpt_save_optimizer=False,
-        ckpt_load_optimizer=False,
+        ckpt_save_optimizer=True,
+        ckpt_load_optimizer=True,
+        ckpt_optim_fully_reshardable=True,
         ckpt_async_save=False,
         ckpt_parallel_save=False,
         ckpt_parallel_load=False,
@@ -450,78 +490,37 @@ class _LossRecorder(_loss_recorder_base()):  # type: ignore[misc]
 
 
 # ---------------------------------------------------------------- ranks
-def _rank_main(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...], queue: Any) -> None:
-    import pickle
-    import traceback
+def _nemo_rank(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One rank of the package launcher, handed to NeMo without a process group.
 
-    # Lightning's environment variables only: NeMo's strategy must create the process group itself
-    # (it initialises megatron-core's parallel state only when it does).
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        NODE_RANK="0",
-        WORLD_SIZE=str(world),
-        NO_VCS_VERSION="1",
-    )
-    try:
-        queue.put((rank, True, pickle.dumps(fn(*args))))
-    except BaseException:  # noqa: BLE001 - every failure must reach the parent
-        queue.put((rank, False, traceback.format_exc()))
+    NeMo's strategy initialises megatron-core's parallel state only when it creates the default
+    process group itself, so the launcher's group is used once, to agree on a fresh rendezvous
+    port (the launcher's own may still be held by its store), and then destroyed.
+    """
+    import socket
+
+    port = torch.zeros(1, dtype=torch.int64)
+    if torch.distributed.get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = int(s.getsockname()[1])
+    torch.distributed.broadcast(port, 0)
+    torch.distributed.destroy_process_group()
+    os.environ.update(MASTER_PORT=str(int(port.item())), NODE_RANK="0")
+    return fn(*args, **kwargs)  # the launcher destroys the group NeMo leaves
 
 
 def launch_nemo(fn: Any, *args: Any, world: int = 2, timeout: float = 900.0, **kwargs: Any) -> list[Any]:
-    """``fn(*args)`` on ``world`` fresh spawned ranks; per-rank results, or the failing rank's traceback."""
-    import pickle
-    import queue as queue_mod
-    import socket
-    import time
+    """``fn(*args, **kwargs)`` on ``world`` fresh spawned ranks (``testing.launcher.launch``) that
+    NeMo's strategy sets up itself; per-rank results, or the failing rank's traceback."""
+    from mbridge_mxfp8_plugin.testing.launcher import launch
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    target = functools.partial(fn, **kwargs)
-    procs = [
-        ctx.Process(target=_rank_main, args=(r, world, port, target, args, results)) for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    got: dict[int, Any] = {}
-    failures: list[str] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(got) < world and not failures:
-            try:
-                rank, ok, payload = results.get(timeout=1.0)
-            except queue_mod.Empty:
-                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in got]
-                if dead:
-                    failures.append(f"rank(s) {dead} died (exit codes {[procs[i].exitcode for i in dead]})")
-                elif time.monotonic() > deadline:
-                    failures.append(f"timed out after {timeout:.0f} s")
-                continue
-            if ok:
-                got[rank] = pickle.loads(payload)
-            else:
-                failures.append(f"rank {rank} failed:\n{payload}")
-    finally:
-        for p in procs:
-            p.join(timeout=5 if failures else 60)
-            if p.is_alive():
-                p.kill()
-    if failures:
-        raise RuntimeError("\n".join(failures))
-    return [got[r] for r in range(world)]
+    return launch(_nemo_rank, world, fn, args, kwargs, timeout=timeout)
 
 
 # ---------------------------------------------------------------- checkpoints
 def read_checkpoints(paths: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """Every tensor of each NeMo torch_dist checkpoint (``<ckpt>/weights``), read with megatron-core's
+    """The model tensors of each NeMo torch_dist checkpoint (``<ckpt>/weights``), read with megatron-core's
     ``dist_checkpointing`` on the ranks of the package launcher; fp32 copies, keyed by path."""
     from megatron.core import dist_checkpointing
 
@@ -529,6 +528,7 @@ def read_checkpoints(paths: list[str]) -> dict[str, dict[str, torch.Tensor]]:
     for path in paths:
         weights = os.path.join(path, "weights")
         meta = dist_checkpointing.load_tensors_metadata(weights)
+        meta = {k: v for k, v in meta.items() if k.startswith("module.")}  # the model, not Adam's state
         for sharded in meta.values():
             sharded.replica_id = torch.distributed.get_rank()  # every rank reads the full tensors
         loaded = dist_checkpointing.load(meta, weights)

@@ -46,7 +46,7 @@ import torch
 from .cpu_shim import cpu_shim
 from .te_stub import BRIDGE_STUBS, importer_scoped_stubs
 
-__all__ = ["bridge_on_cpu"]
+__all__ = ["bridge_on_cpu", "cpu_cuda_rng", "torch_adam_checkpoints"]
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:
@@ -126,11 +126,12 @@ def _state_dict_of_fresh_torch_adam(original: Callable[..., Any]) -> Callable[..
 
 def _keep_loaded_step(original: Callable[..., Any]) -> Callable[..., Any]:
     def set_states(self: Any, model_param: Any, tensors: dict[str, Any]) -> Any:
-        if "step" in tensors:
-            group, order = self.model_param_group_index_map[model_param]
-            current = self.optimizer.state.get(self.optimizer.param_groups[group]["params"][order], {})
-            if "step" in current:
-                tensors = {**tensors, "step": current["step"]}
+        # Layouts that store no per-param step (fully reshardable) omit it here; the copy loop
+        # still visits every state key, so it gets the loaded step too.
+        group, order = self.model_param_group_index_map[model_param]
+        current = self.optimizer.state.get(self.optimizer.param_groups[group]["params"][order], {})
+        if "step" in current:
+            tensors = {**tensors, "step": current["step"]}
         return original(self, model_param, tensors)
 
     set_states.__wrapped__ = original  # type: ignore[attr-defined]
@@ -164,28 +165,7 @@ def bridge_on_cpu(cpu: bool | None = None) -> Iterator[bool]:
         for mod in (datasets_utils, initialize):
             if mod is not None and hasattr(mod, "compile_helpers"):
                 targets.append((mod, "compile_helpers", _noop))
-        distrib_optimizer = _module("megatron.core.optimizer.distrib_optimizer")
-        if distrib_optimizer is not None and not getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True):
-            cls = distrib_optimizer.DistributedOptimizer
-            targets.append((cls, "state_dict", _state_dict_of_fresh_torch_adam(cls.state_dict)))
-            targets.append((cls, "load_state_dict", _unshared_steps(cls.load_state_dict)))
-            if hasattr(cls, "_set_main_param_and_optimizer_states"):
-                setter = cls._set_main_param_and_optimizer_states
-                targets.append((cls, "_set_main_param_and_optimizer_states", _keep_loaded_step(setter)))
         if on_cpu:
-            rng = _CpuCudaRng()
-            targets += [
-                (torch.cuda, "get_rng_state", rng.get_state),
-                (torch.cuda, "set_rng_state", rng.set_state),
-                (torch.cuda, "manual_seed", rng.seed),
-                (torch.cuda, "manual_seed_all", rng.seed),
-            ]
-            core_random = _module("megatron.core.tensor_parallel.random")
-            if core_random is not None:
-                targets += [
-                    (core_random, "_get_cuda_rng_state", rng.get_state),
-                    (core_random, "_set_cuda_rng_state", rng.set_state),
-                ]
             for mod in (initialize, setup):
                 if mod is None:
                     continue
@@ -193,5 +173,51 @@ def bridge_on_cpu(cpu: bool | None = None) -> Iterator[bool]:
                     targets.append((mod, "initialize_megatron", _claim_cuda_during(mod.initialize_megatron)))
                 if hasattr(mod, "set_jit_fusion_options"):
                     targets.append((mod, "set_jit_fusion_options", _noop))
-        with _patched(targets):
+        with (
+            _patched(targets),
+            torch_adam_checkpoints(),
+            cpu_cuda_rng() if on_cpu else contextlib.nullcontext(),
+        ):
             yield on_cpu
+
+
+@contextlib.contextmanager
+def torch_adam_checkpoints() -> Iterator[None]:
+    """Distributed-optimizer checkpoints with the torch ``Adam`` megatron-core falls back to without
+    Apex or TE: the fresh-state template and the per-param ``step`` on load (module docstring).
+    Inactive where megatron-core found Apex or TE. Reversible."""
+    targets: list[tuple[Any, str, Any]] = []
+    distrib_optimizer = _module("megatron.core.optimizer.distrib_optimizer")
+    if distrib_optimizer is not None and not getattr(distrib_optimizer, "HAVE_APEX_OR_TE", True):
+        cls = distrib_optimizer.DistributedOptimizer
+        targets.append((cls, "state_dict", _state_dict_of_fresh_torch_adam(cls.state_dict)))
+        targets.append((cls, "load_state_dict", _unshared_steps(cls.load_state_dict)))
+        if hasattr(cls, "_set_main_param_and_optimizer_states"):
+            setter = cls._set_main_param_and_optimizer_states
+            targets.append((cls, "_set_main_param_and_optimizer_states", _keep_loaded_step(setter)))
+    with _patched(targets):
+        yield
+
+
+@contextlib.contextmanager
+def cpu_cuda_rng() -> Iterator[None]:
+    """The CUDA RNG state functions of torch and megatron-core on a private CPU generator.
+
+    Every stack built on megatron-core (Bridge, NeMo 2) seeds and forks the "CUDA" generator through
+    these while setting up model parallelism, which fails on a host without CUDA. Reversible.
+    """
+    rng = _CpuCudaRng()
+    targets: list[tuple[Any, str, Any]] = [
+        (torch.cuda, "get_rng_state", rng.get_state),
+        (torch.cuda, "set_rng_state", rng.set_state),
+        (torch.cuda, "manual_seed", rng.seed),
+        (torch.cuda, "manual_seed_all", rng.seed),
+    ]
+    core_random = _module("megatron.core.tensor_parallel.random")
+    if core_random is not None:
+        targets += [
+            (core_random, "_get_cuda_rng_state", rng.get_state),
+            (core_random, "_set_cuda_rng_state", rng.set_state),
+        ]
+    with _patched(targets):
+        yield
