@@ -500,7 +500,11 @@ class ParamSyncEngine:
             if plan[0]:
                 # One batched copy instead of core's per-param loop (the same shard views and
                 # values as _copy_main_params_to_param_buffer: main shard -> its bucket slice).
-                torch._foreach_copy_(plan[0], plan[1])
+                # No autograd: a main param rebuilt by a second optimizer (NeMo: validate, then
+                # fit) is model_param.float(), which carries grad history, and recording the
+                # copy into buffer views made under no_grad (validation) breaks the next gather.
+                with torch.no_grad():
+                    torch._foreach_copy_(plan[0], plan[1])
             if self.behaviour.has_dispatch_reset:
                 # Core >= 0.19's staging also re-arms the pre-hooks (C's fix); keep that contract.
                 for chunk in opt.model_chunks:
