@@ -69,7 +69,8 @@ DEFECTS: dict[str, Defect] = {
         Defect(
             "C",
             "param_gather_dispatched stays set after a forced sync: the next training step skips gather, "
-            "copy-back and re-zeroing (polluted gradients, stale weights)",
+            "copy-back and re-zeroing (polluted gradients, stale weights); hidden in the interleaved "
+            "pipeline schedule with align_param_gather=True, which re-dispatches every gather each step",
             "megatron-core distributed/param_and_grad_buffer.py, finish_param_sync",
             "megatron-core 0.19.0 (reset_param_sync_dispatch_state, #5487)",
         ),
