@@ -12,7 +12,7 @@
 # ~60 MB), put first on PYTHONPATH when that cell's tests run. Both are rebuilt only when their pinned
 # requirements change. pip's wheel cache is off: it would keep a second copy of the CUDA wheels.
 # The tests read MXFP8_BRIDGE_LOOP to replay that Bridge release's train/eval/save order
-# (testing/bridge_loop.py) and MXFP8_MATRIX_CELL to assert exactly the defects UPSTREAM.md lists.
+# (tests/harness/bridge_loop.py) and MXFP8_MATRIX_CELL to assert exactly the defects UPSTREAM.md lists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -218,7 +218,7 @@ def test_resume_from_real_checkpoint_equals_uninterrupted_run(runs):
 @pytest.mark.parametrize("mode", ["mxfp8", "plugin"])
 def test_replica_loop_makes_the_same_calls_as_real_pretrain(runs, mode):
     """The callback events, pre-hook toggles, forced syncs and main-param staging of Bridge's real
-    ``pretrain()`` and of ``testing.bridge_loop`` (the release's loop order) for the same schedule."""
+    ``pretrain()`` and of ``harness.bridge_loop`` (the release's loop order) for the same schedule."""
     from bridge_real.replica import replica_events
 
     real = runs[mode][0].events

@@ -247,7 +247,7 @@ def test_engine_misuse_errors(misuse):
 
 def test_in_flight_gather_is_never_reset_or_redispatched(misuse):
     assert misuse["in_flight_dispatched"] == "handle=True dispatched=True"
-    # restore_for_training / stage_main_params / hold_weights leave a gather in flight alone
+    # step_started / stage_main_params / before_eval (no optimizer) leave a gather in flight alone
     assert misuse["in_flight_restore"] == "groups_reset=0 handle_kept=True dispatched=True"
     assert misuse["in_flight_stage"] == "staged=False"
     assert misuse["in_flight_hold"] == "handle_kept=True"

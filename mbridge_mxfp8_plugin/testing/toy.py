@@ -44,7 +44,7 @@ class ToyConfig:
     extra_opt: dict[str, Any] = field(default_factory=dict)
     #: Split the layers over this many DDP model chunks on every rank (virtual-pipeline style).
     #: Chunk ``i`` calls chunk ``i + 1`` at the end of its forward, so ``model[0](x, y)`` runs the
-    #: whole model and every chunk's forward pre-hooks fire in order (PP=1; see testing/robust.py).
+    #: whole model and every chunk's forward pre-hooks fire in order (PP=1; see tests/harness/robust.py).
     num_chunks: int = 1
     #: Indices of layers whose params do not train (``requires_grad=False``).
     frozen_layers: tuple[int, ...] = ()

@@ -1,8 +1,8 @@
-"""The same schedule through ``testing.bridge_loop`` (the replica), for the replica-vs-real test.
+"""The same schedule through ``harness.bridge_loop`` (tests/harness) (the replica), for the replica-vs-real test.
 
 The replica drives a toy megatron-core model, not a GPT, but what is compared is model-independent:
 the callback events (logged by the same recorder the real run uses) and the megatron-core calls
-``testing.bridge_loop.recording_param_syncs`` logs (pre-hook toggles, forced syncs, staging).
+``harness.bridge_loop.recording_param_syncs`` logs (pre-hook toggles, forced syncs, staging).
 """
 
 from __future__ import annotations
