@@ -341,8 +341,12 @@ def run(
     resume_from: str | None = None,
     validate_first: bool = False,
     extra_callbacks: tuple[Any, ...] = (),
+    read_back: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """``trainer.validate``, ``llm.train``, ``trainer.test``; losses (DP means) and the recorded events."""
+    """``trainer.validate``, ``llm.train``, ``trainer.test``; losses (DP means) and the recorded events.
+
+    ``read_back``: checkpoint directories (of an earlier run) to read afterwards with the process
+    group NeMo leaves, under ``"checkpoints"`` (:func:`read_checkpoints`); saves a launch."""
     warnings.filterwarnings("ignore")
     import logging
 
@@ -352,7 +356,10 @@ def run(
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
 
     with nemo_on_cpu(), emulated_mxfp8():
-        return _run(mode, workdir, steps, val_every, ckpt_every, resume_from, validate_first, extra_callbacks)
+        out = _run(mode, workdir, steps, val_every, ckpt_every, resume_from, validate_first, extra_callbacks)
+        if read_back:
+            out["checkpoints"] = read_checkpoints(list(read_back))
+        return out
 
 
 def _run(
@@ -521,7 +528,7 @@ def launch_nemo(fn: Any, *args: Any, world: int = 2, timeout: float = 900.0, **k
 # ---------------------------------------------------------------- checkpoints
 def read_checkpoints(paths: list[str]) -> dict[str, dict[str, torch.Tensor]]:
     """The model tensors of each NeMo torch_dist checkpoint (``<ckpt>/weights``), read with megatron-core's
-    ``dist_checkpointing`` on the ranks of the package launcher; fp32 copies, keyed by path."""
+    ``dist_checkpointing`` by every rank of the current process group; fp32 copies, keyed by path."""
     from megatron.core import dist_checkpointing
 
     out: dict[str, dict[str, torch.Tensor]] = {}

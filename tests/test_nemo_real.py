@@ -47,20 +47,29 @@ def runs(workdir):
 
 
 @pytest.fixture(scope="module")
-def checkpoints(runs):
-    """Each mode's NeMo checkpoints (after steps 3 and 6), read back with dist_checkpointing."""
-    from mbridge_mxfp8_plugin.testing.launcher import launch
+def replica():
+    """harness/lightning_loop.py's ``nemo_real`` order, plugin off and on, in one launch."""
+    from harness.lightning_loop import run_lightning_orders
 
-    dirs = {mode: h.checkpoint_dirs(runs[mode][0]["ckpt_dir"]) for mode in MODES}
-    loaded = launch(h.read_checkpoints, 2, [p for paths in dirs.values() for p in paths])[0]
-    return {mode: [loaded[p] for p in paths] for mode, paths in dirs.items()}
+    return run_lightning_orders(["nemo_real"], modes=("mxfp8", "plugin"), train_steps=6, val_every=3)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(runs, resumed):
+    """Each mode's NeMo checkpoints (after steps 3 and 6), read back with dist_checkpointing (in the
+    mode's resumed launch, after its run)."""
+    return {
+        mode: [resumed[mode]["checkpoints"][p] for p in h.checkpoint_dirs(runs[mode][0]["ckpt_dir"])]
+        for mode in MODES
+    }
 
 
 @pytest.fixture(scope="module")
 def resumed(runs, workdir):
     """Per mode, rank 0: ``trainer.validate`` on the fresh model, then ``llm.train`` resumed from
     that mode's own step-3 checkpoint (weights, optimizer state, data position) to step 6, then
-    ``trainer.test``. Validating first and resuming share one launch per mode."""
+    ``trainer.test``; then reads back the mode's checkpoints. Validating first, resuming and reading
+    share one launch per mode."""
     return {
         mode: h.launch_nemo(
             h.run,
@@ -68,6 +77,7 @@ def resumed(runs, workdir):
             f"{workdir}/resume",
             resume_from=h.checkpoint_dirs(runs[mode][0]["ckpt_dir"])[0],
             validate_first=True,
+            read_back=tuple(h.checkpoint_dirs(runs[mode][0]["ckpt_dir"])),
         )[0]
         for mode in MODES
     }
@@ -160,12 +170,9 @@ def test_resumed_train_continues_the_reference(runs, resumed, mode):
 
 
 @pytest.mark.parametrize("mode", ["mxfp8", "plugin"], ids=["plugin_off", "plugin_on"])
-def test_replica_nemo_order_is_the_real_stack(runs, mode):
-    """testing/lightning_loop.py's ``nemo_real`` order fires the same hooks, NeMo events, pre-hook
+def test_replica_nemo_order_is_the_real_stack(runs, replica, mode):
+    """harness/lightning_loop.py's ``nemo_real`` order fires the same hooks, NeMo events, pre-hook
     toggles and forced param syncs, at the same steps, as NeMo's real stack for this config."""
-    from harness.lightning_loop import run_lightning_orders
-
-    replica = run_lightning_orders(["nemo_real"], modes=(mode,), train_steps=6, val_every=3)
     real = runs[mode][0]["events"]
     assert "force_param_sync@3" in real and "on_save_checkpoint@3" in real
     assert replica[("nemo_real", mode)][0].events == real
