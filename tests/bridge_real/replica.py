@@ -1,4 +1,4 @@
-"""The same schedule through ``harness.bridge_loop`` (tests/harness) (the replica), for the replica-vs-real test.
+"""The same schedule through ``harness.bridge_loop`` (the replica), for the replica-vs-real test.
 
 The replica drives a toy megatron-core model, not a GPT, but what is compared is model-independent:
 the callback events (logged by the same recorder the real run uses) and the megatron-core calls
