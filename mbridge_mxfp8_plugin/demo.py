@@ -65,8 +65,10 @@ def _skipped_gathers(model: list[Any]) -> int:
     )
 
 
-def _train_step(job: Any, x: Any, y: Any, run: DemoRun) -> float:
-    """``train_step`` (L1603-1703), one microbatch and no pipelining."""
+def _train_step(job: Any, x: Any, y: Any, skipped_gathers: list[int]) -> float:
+    """``train_step`` (L1603-1703), one microbatch and no pipelining.
+
+    Also the step of ``tests/test_loop_api.py``'s Megatron-LM-order loop: one copy of that order."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     model, optimizer = job.model, job.optimizer
@@ -80,7 +82,7 @@ def _train_step(job: Any, x: Any, y: Any, run: DemoRun) -> float:
             for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
                 if isinstance(opt, DistributedOptimizer):
                     opt._copy_main_params_to_param_buffer()
-    run.skipped_gathers.append(_skipped_gathers(model))
+    skipped_gathers.append(_skipped_gathers(model))
     loss = model[0](x, y)  # forward_backward_func (L1652)
     loss.backward()
     for chunk in model:  # finalize_model_grads -> finish_grad_sync
@@ -122,7 +124,7 @@ def megatron_lm_loop(job: Any, *, plugin: bool, train_iters: int, eval_interval:
         for iteration in range(train_iters):  # L2684
             sync.step_started()  # API: after L2785
             ((x, y),) = make_batches(job.toy, 1, rank=rank, world=world, salt=iteration)
-            run.train_losses.append(_train_step(job, x, y, run))  # L2786-2797
+            run.train_losses.append(_train_step(job, x, y, run.skipped_gathers))  # L2786-2797
             if iteration == 0 and toggle:  # L2815-2829: pre-hooks on after the first step
                 for chunk in model:
                     chunk.enable_forward_pre_hook()

@@ -24,6 +24,10 @@ import pytest
 import torch
 from _weights import expected_mxfp8_weights, worst_diff
 
+# The Megatron-LM-order train step and evaluate (core_v0.16.1 training.py line refs there) are the
+# demo's: one copy of that order, exercised here with saves and the API's every call.
+from mbridge_mxfp8_plugin.demo import _evaluate, _train_step
+
 TOL = 1e-4
 TRAIN_ITERS, EVAL_INTERVAL, SAVE_INTERVAL = 7, 3, 2
 #: 0-based steps that follow a forced sync: saves at 2, 4, 6, evals at 3, 6 (eval before save)
@@ -46,59 +50,10 @@ class LoopRecord:
     stats: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
-def _dp_mean(value: torch.Tensor) -> float:
-    t = value.detach().float().reshape(1).clone()
-    torch.distributed.all_reduce(t)
-    return float(t.item() / torch.distributed.get_world_size())
-
-
 def _weights(model: list[Any]) -> dict[str, torch.Tensor]:
     return {
         f"{i}.{n}": p.detach().float().clone() for i, c in enumerate(model) for n, p in c.named_parameters()
     }
-
-
-def _train_step(job: Any, x: torch.Tensor, y: torch.Tensor, rec: LoopRecord) -> float:
-    """``train_step`` (L1603-1700) with the no-pipelining schedule inlined."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    model, optimizer = job.model, job.optimizer
-    for chunk in model:  # L1614-1616
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()  # L1619
-    # L1641-1647: stage main params into the shared buffer, only with the pre-hooks on.
-    if job.optimizer_config.reuse_grad_buf_for_mxfp8_param_ag and job.ddp_config.overlap_param_gather:
-        if len(model[0].remove_forward_pre_hook_handles) > 0:
-            for opt in optimizer.chained_optimizers:
-                if isinstance(opt, DistributedOptimizer):
-                    opt._copy_main_params_to_param_buffer()
-    rec.skipped_gathers.append(_dispatched_without_gather(model))  # what the forwards will see
-    loss = model[0](x, y)  # forward_backward_func (L1652), one microbatch
-    loss.backward()
-    for chunk in model:  # finalize_model_grads -> finish_grad_sync
-        chunk.finish_grad_sync()
-    optimizer.step()  # L1703
-    return _dp_mean(loss)
-
-
-def _evaluate(job: Any, batches: list[Any]) -> float:
-    """``evaluate`` (L3035-): ``model.eval()``, forwards without grad, ``model.train()``."""
-    for chunk in job.model:
-        chunk.eval()
-    with torch.no_grad():
-        losses = [job.model[0](x, y) for x, y in batches]
-    for chunk in job.model:
-        chunk.train()
-    return _dp_mean(torch.stack(losses).mean())
-
-
-def _dispatched_without_gather(model: list[Any]) -> int:
-    return sum(
-        1
-        for c in model
-        for g in list(c.bucket_groups) + list(c.expert_parallel_bucket_groups)
-        if g.param_gather_dispatched and g.param_gather_handle is None
-    )
 
 
 def _train(job: Any, plugin: bool) -> LoopRecord:
@@ -122,7 +77,7 @@ def _train(job: Any, plugin: bool) -> LoopRecord:
         if sync is not None:
             rec.stats.append(("step_started", vars(sync.step_started())))  # API: after L2785
         ((x, y),) = make_batches(job.toy, 1, rank=rank, world=world, salt=iteration)
-        rec.train_losses.append(_train_step(job, x, y, rec))  # L2786-2797
+        rec.train_losses.append(_train_step(job, x, y, rec.skipped_gathers))  # L2786-2797
         if iteration == start_iteration and toggle:  # L2815-2829: pre-hooks on after the first step
             for chunk in model:
                 chunk.enable_forward_pre_hook()
