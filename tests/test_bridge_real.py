@@ -2,7 +2,7 @@
 
 Not a replica: ``GPTModelProvider`` (local layer spec), ``MockGPTDatasetConfig``,
 ``NullTokenizer``, Bridge's ``train()`` / ``evaluate_and_print_results`` / ``save_checkpoint``
-(torch_dist) and its ``CallbackManager``. On CPU it runs under ``testing.bridge_cpu.bridge_on_cpu``
+(torch_dist) and its ``CallbackManager``. On CPU it runs under ``harness.bridge_cpu.bridge_on_cpu``
 (importer-scoped Transformer Engine stub, CUDA RNG and init assert). Every Bridge release CI covers
 runs this file: the main tier (0.3.1 + core 0.16.1) and the matrix cells (``.ci/matrix.sh``).
 
@@ -72,7 +72,7 @@ def stack():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, stack):
-    from bridge_real.runs import run_all
+    from harness.bridge_real.runs import run_all
 
     present, _ = stack
     return run_all(tmp_path_factory.mktemp("bridge_real"), with_aligned=present["A"])
@@ -185,7 +185,7 @@ def test_checkpoint_weights_are_the_rounded_main_params(runs, stack, plugin):
     """Bridge's torch_dist files, read back with megatron.core.dist_checkpointing: each model
     weight is that step's fp32 main param (from the same checkpoint's optimizer state) rounded to
     the param format (MXFP8 for the linear weights, bf16 for the rest)."""
-    from bridge_real.ckpt import saved_steps, weights_vs_main_params
+    from harness.bridge_real.ckpt import saved_steps, weights_vs_main_params
 
     present, _ = stack
     run = runs["plugin" if plugin else "mxfp8"][0]
@@ -219,7 +219,7 @@ def test_resume_from_real_checkpoint_equals_uninterrupted_run(runs):
 def test_replica_loop_makes_the_same_calls_as_real_pretrain(runs, mode):
     """The callback events, pre-hook toggles, forced syncs and main-param staging of Bridge's real
     ``pretrain()`` and of ``harness.bridge_loop`` (the release's loop order) for the same schedule."""
-    from bridge_real.replica import replica_events
+    from harness.bridge_real.replica import replica_events
 
     real = runs[mode][0].events
     replica = replica_events(mode, runs[mode][0].bridge_version)
@@ -242,7 +242,7 @@ def test_replica_loop_makes_the_same_calls_as_real_pretrain(runs, mode):
 # the pre-hook's wait is the only dispatch, and C shows exactly as at PP=1.
 @pytest.fixture(scope="module")
 def pipeline_runs():
-    from bridge_real.runs import run_pipeline
+    from harness.bridge_real.runs import run_pipeline
 
     return run_pipeline()
 

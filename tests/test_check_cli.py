@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from _mx_cases import CASES, DEFECTIVE, RECIPES, ROOT, TINY, Case
+from harness.mx_cases import CASES, DEFECTIVE, RECIPES, ROOT, TINY, Case
 
 from mbridge_mxfp8_plugin.check import run_check
 from mbridge_mxfp8_plugin.cli import build_parser

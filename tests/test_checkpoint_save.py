@@ -8,9 +8,9 @@ plugin, core 0.16 captures the weights of the previous iteration.
 from __future__ import annotations
 
 import pytest
-from _weights import expected_mxfp8_weights, worst_diff
 from harness.bridge_loop import LoopSchedule
 from harness.scenarios import run_bridge_scenario
+from harness.weights import expected_mxfp8_weights, worst_diff
 
 SCHEDULE = LoopSchedule(train_iters=9, eval_interval=3, eval_iters=1, save_interval=4)
 

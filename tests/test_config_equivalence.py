@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _mx_cases import ROOT
+from harness.mx_cases import ROOT
 
 pytest.importorskip("omegaconf")
 pytest.importorskip("hydra")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _mx_cases import DEFECTIVE, ROOT
+from harness.mx_cases import DEFECTIVE, ROOT
 
 from mbridge_mxfp8_plugin.check import run_check
 from mbridge_mxfp8_plugin.config import installed

@@ -17,9 +17,9 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from _weights import expected_mxfp8_weights, worst_diff
 from harness.bridge_loop import LoopSchedule
 from harness.robust import Case, run_cases
+from harness.weights import expected_mxfp8_weights, worst_diff
 
 from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
 from mbridge_mxfp8_plugin.bridge import EXIT_DURATION_MARGIN_S

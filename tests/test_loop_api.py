@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from _weights import expected_mxfp8_weights, worst_diff
+from harness.weights import expected_mxfp8_weights, worst_diff
 
 # The Megatron-LM-order train step and evaluate (core_v0.16.1 training.py line refs there) are the
 # demo's: one copy of that order, exercised here with saves and the API's every call.

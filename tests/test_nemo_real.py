@@ -1,7 +1,7 @@
 """The Lightning adapter on NeMo 2's real stack (nemo_toolkit 2.7.3, megatron-core 0.15.3, Lightning 2.4.0).
 
 2 CPU gloo ranks, NeMo's own ``nl.Trainer`` / ``nl.MegatronStrategy`` / ``llm.GPTModel`` /
-``llm.MockDataModule`` / ``llm.train`` / ``ModelCheckpoint`` (harness: tests/_nemo_harness.py).
+``llm.MockDataModule`` / ``llm.train`` / ``ModelCheckpoint`` (harness: tests/harness/nemo.py).
 Each mode runs in fresh processes: ``llm.train`` for 6 steps with validation and a torch_dist
 checkpoint (weights and optimizer state) every 3 steps, ``trainer.test`` after it. A second launch
 per mode runs ``trainer.validate`` on a fresh trainer, then ``llm.train`` resumed from that mode's
@@ -28,7 +28,7 @@ if importlib.util.find_spec("nemo") is None or importlib.util.find_spec("lightni
         "NeMo tier: runs in .venv-nemo (requirements/nemo.txt) via .ci/nemo.sh", allow_module_level=True
     )
 
-import _nemo_harness as h  # noqa: E402
+import harness.nemo as h  # noqa: E402
 
 TOL = 1e-4
 MODES = ("reference", "mxfp8", "plugin")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from _mx_cases import DEFECTIVE, RECIPES, TINY
+from harness.mx_cases import DEFECTIVE, RECIPES, TINY
 
 from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
 from mbridge_mxfp8_plugin.config.schema import (

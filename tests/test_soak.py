@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from _weights import expected_mxfp8_weights, worst_diff
 from harness.bridge_loop import LoopSchedule
 from harness.robust import Case, CaseRun, run_cases
+from harness.weights import expected_mxfp8_weights, worst_diff
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from _mx_cases import CASES, DEFECTIVE, FIXED, RECIPES, TINY, Case, core_configs, core_kwargs
+from harness.mx_cases import CASES, DEFECTIVE, FIXED, RECIPES, TINY, Case, core_configs, core_kwargs
 
 from mbridge_mxfp8_plugin import validate as validate_mod
 from mbridge_mxfp8_plugin.buckets import check_bucket_alignment as buckets_check

@@ -12,10 +12,9 @@ It is here for users who want to check their own loop (train -> eval -> save -> 
 * ``launcher`` -- ``launch(fn, world_size)`` runs a module-level function on N spawned ranks.
 * ``toy`` -- a tiny model plus ``build_job`` (DDP + distributed optimizer in the reuse mode) and
   deterministic batches: the smallest job that exercises every bucket path.
-* ``te_stub`` and ``bridge_cpu`` -- what running Megatron-Bridge's real ``pretrain()`` on CPU needs
-  (importer-scoped stubs for TE and friends, CUDA-only helpers patched); inactive unless entered.
-
-The suite's own loop replicas and case runners live under ``tests/harness``, not here.
+The suite's own loop replicas, case runners and the patches that run Megatron-Bridge's and NeMo's
+real stacks on CPU (they patch megatron-core internals, so they do not ship) live under
+``tests/harness``, not here.
 """
 
 from .cpu_shim import cpu_shim, shim_needed

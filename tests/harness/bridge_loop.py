@@ -1,7 +1,7 @@
 """A faithful replica of Megatron-Bridge's train/eval loop order, firing Bridge's real callbacks.
 
 Bridge's own ``pretrain()`` runs in the tests too (``tests/test_bridge_real.py``, on CPU through
-``testing.bridge_cpu``), and ``test_replica_loop_makes_the_same_calls_as_real_pretrain`` checks, for
+``harness.bridge_cpu``), and ``test_replica_loop_makes_the_same_calls_as_real_pretrain`` checks, for
 every Bridge release CI covers, that this replica and the real loop make the same calls in the same
 order (callback events, pre-hook toggles, forced syncs, main-param staging; recorded by
 :func:`recording_param_syncs`). The replica is kept for what the real loop cannot do here, or

@@ -17,7 +17,7 @@ from typing import Any
 from mbridge_mxfp8_plugin.stack import InstalledStack
 from mbridge_mxfp8_plugin.upstream import CoreBehaviour
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 TINY = ROOT / "recipes" / "tiny_debug_mxfp8.yaml"
 

@@ -18,9 +18,8 @@ def _replica_rank(modes: tuple[str, ...], release: str) -> dict[str, list[str]]:
 def _replica_run(mode: str, release: str) -> list[str]:
     warnings.filterwarnings("ignore")
     from harness.bridge_loop import LoopSchedule, recording_param_syncs, train
-
-    from bridge_real.runs import base_spec
-    from bridge_real.worker import RankResult, _Recorder
+    from harness.bridge_real.runs import base_spec
+    from harness.bridge_real.worker import RankResult, _Recorder
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
     from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8

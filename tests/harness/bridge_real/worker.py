@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from bridge_real.config import JobSpec, build_config
+from harness.bridge_real.config import JobSpec, build_config
 
 MXFP8_WEIGHTS = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight")
 
@@ -217,7 +217,7 @@ def run_rank(specs: tuple[JobSpec, ...]) -> list[RankResult]:
         import faulthandler
 
         faulthandler.dump_traceback_later(int(os.environ["BRIDGE_REAL_HANG_DUMP_S"]))
-    from mbridge_mxfp8_plugin.testing.bridge_cpu import bridge_on_cpu
+    from harness.bridge_cpu import bridge_on_cpu
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
 
     with bridge_on_cpu(), emulated_mxfp8(), _dequantize_like_te2():
@@ -279,10 +279,10 @@ def _recording_gathers_after_forced_syncs(out: list[bool]) -> Iterator[None]:
 def _run_one(spec: JobSpec) -> RankResult:
     from importlib.metadata import version
 
-    from harness.bridge_loop import recording_param_syncs
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
+    from harness.bridge_loop import recording_param_syncs
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
 
     result = RankResult(

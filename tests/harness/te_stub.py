@@ -54,7 +54,7 @@ class _StubMeta(type):
         # is one of ours; only stub objects themselves refuse to run.
         if cls.__dict__.get("_is_stub", False):
             raise StubCalled(
-                f"{cls.__qualname__} is a test stub (mbridge_mxfp8_plugin.testing.te_stub): the code "
+                f"{cls.__qualname__} is a test stub (harness.te_stub): the code "
                 "under test called into a package that is not installed here"
             )
         return super().__call__(*args, **kwargs)

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bridge_real.config import JobSpec
+from harness.bridge_real.config import JobSpec
 
 SAVE_INTERVAL = 3
 
@@ -59,7 +59,7 @@ PIPELINE_RUNS = {
 def run_pipeline(world_size: int = 4) -> dict[str, list[Any]]:
     """PP=2 x DP=2 with virtual pipeline 2 (interleaved 1F1B, two model chunks per rank, p2p),
     the runs of ``PIPELINE_RUNS``, no checkpoints; name -> per-rank results."""
-    from bridge_real.worker import run_rank
+    from harness.bridge_real.worker import run_rank
     from mbridge_mxfp8_plugin.testing.launcher import launch
 
     # 4 steps: the eval at 3 is the forced sync, step 4 the step after it, then pretrain's final
@@ -73,7 +73,7 @@ def run_pipeline(world_size: int = 4) -> dict[str, list[Any]]:
 
 def run_all(root: Path, world_size: int = 2, *, with_aligned: bool, **overrides: Any) -> dict[str, list[Any]]:
     """mode -> per-rank results, from one launch of ``world_size`` ranks."""
-    from bridge_real.worker import run_rank
+    from harness.bridge_real.worker import run_rank
     from mbridge_mxfp8_plugin.testing.launcher import launch
 
     specs = specs_for(root, with_aligned=with_aligned, **overrides)

@@ -2,7 +2,7 @@
 
 Bridge's setup path assumes CUDA in a few places that do not change what training computes. On
 top of :func:`~mbridge_mxfp8_plugin.testing.cpu_shim.cpu_shim` (device, streams, tensor type
-names) and :func:`~mbridge_mxfp8_plugin.testing.te_stub.importer_scoped_stubs` (Transformer
+names) and :func:`~harness.te_stub.importer_scoped_stubs` (Transformer
 Engine and friends, served only to the modules that import them unguarded), :func:`bridge_on_cpu`
 fakes:
 
@@ -43,7 +43,8 @@ from typing import Any
 
 import torch
 
-from .cpu_shim import cpu_shim
+from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
+
 from .te_stub import BRIDGE_STUBS, importer_scoped_stubs
 
 __all__ = ["bridge_on_cpu", "cpu_cuda_rng", "torch_adam_checkpoints"]

@@ -7,7 +7,7 @@ NeMo picks megatron-core's local layer spec), ``llm.MockDataModule``, ``llm.trai
 runtime patch (reversible, active only inside :func:`nemo_on_cpu`):
 
 * the package's :func:`~mbridge_mxfp8_plugin.testing.cpu_shim.cpu_shim` (device, streams, type names);
-* the CUDA RNG state -> a private CPU generator, as for Bridge (``testing.bridge_cpu.cpu_cuda_rng``;
+* the CUDA RNG state -> a private CPU generator, as for Bridge (``harness.bridge_cpu.cpu_cuda_rng``;
   megatron-core's RNG tracker seeds and forks it; with dropout off nothing draws from it, so no value
   depends on which generator it is);
 * ``torch.tensor(..., pin_memory=True)`` without the pin: NeMo logs every scalar that way, and pinning
@@ -25,7 +25,7 @@ runtime patch (reversible, active only inside :func:`nemo_on_cpu`):
   ``distrib_optimizer``, which imported it by name).
 
 * megatron-core's torch-``Adam`` fallback (no Apex, no TE) in distributed-optimizer checkpoints:
-  the package's ``testing.bridge_cpu.torch_adam_checkpoints`` (fresh-state template, per-param
+  the harness's ``harness.bridge_cpu.torch_adam_checkpoints`` (fresh-state template, per-param
   ``step`` on load), as for Bridge.
 
 And one configuration choice: the optimizer state is saved ``ckpt_optim_fully_reshardable=True``.
@@ -82,7 +82,7 @@ def nemo_on_cpu() -> Iterator[None]:
     from megatron.core.optimizer import distrib_optimizer
     from nemo.lightning.io import pl as nemo_ckpt_io
 
-    from mbridge_mxfp8_plugin.testing.bridge_cpu import cpu_cuda_rng, torch_adam_checkpoints
+    from harness.bridge_cpu import cpu_cuda_rng, torch_adam_checkpoints
     from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
 
     real_tensor = torch.tensor
@@ -372,11 +372,12 @@ def _run(
     validate_first: bool,
     extra_callbacks: tuple[Any, ...],
 ) -> dict[str, Any]:
-    from harness.lightning_loop import make_event_recorder, record_param_syncs
     from nemo import lightning as nl
     from nemo.collections import llm
 
     from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
+
+    from .lightning_loop import make_event_recorder, record_param_syncs
 
     model, data, optim = build(mode)
     events: list[str] = []
