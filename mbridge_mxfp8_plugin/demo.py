@@ -3,7 +3,8 @@
 One train -> eval -> train schedule, three times over on 2 gloo ranks: real megatron-core DDP and
 distributed optimizer around the public test kit's toy model with emulated MXFP8 params. The loop
 is a hand-written one in Megatron-LM's order (``megatron/training/training.py`` at tag
-``core_v0.16.1``; line numbers in the comments), with :func:`~mbridge_mxfp8_plugin.mxfp8_param_sync`
+``core_v0.16.1``; line numbers in the comments; the step and the evaluation are the kit's
+:mod:`~mbridge_mxfp8_plugin.testing.megatron_lm_loop`), with :func:`~mbridge_mxfp8_plugin.mxfp8_param_sync`
 called where the API's docstring tells a Megatron-LM user to add it. That way the demo shows what
 a user's own loop gets, and it stands on nothing but the public API and the public test kit.
 
@@ -47,68 +48,12 @@ class DemoRun:
     offset_details: list[str] = field(default_factory=list)
 
 
-def _dp_mean(value: Any) -> float:
-    import torch
-
-    t = value.detach().float().reshape(1).clone()
-    torch.distributed.all_reduce(t)
-    return float(t.item() / torch.distributed.get_world_size())
-
-
-def _skipped_gathers(model: list[Any]) -> int:
-    # Diagnostics only (what defect C looks like inside megatron-core); the loop does not need it.
-    return sum(
-        1
-        for chunk in model
-        for group in [*chunk.bucket_groups, *getattr(chunk, "expert_parallel_bucket_groups", [])]
-        if group.param_gather_dispatched and group.param_gather_handle is None
-    )
-
-
-def _train_step(job: Any, x: Any, y: Any, skipped_gathers: list[int]) -> float:
-    """``train_step`` (L1603-1703), one microbatch and no pipelining.
-
-    Also the step of ``tests/test_loop_api.py``'s Megatron-LM-order loop: one copy of that order."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    model, optimizer = job.model, job.optimizer
-    for chunk in model:  # L1614-1616
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()  # L1619
-    # L1641-1647: with the grad buffer reused for the param gather, the loop itself copies the
-    # main params into it, but only while the forward pre-hooks are on.
-    if job.optimizer_config.reuse_grad_buf_for_mxfp8_param_ag and job.ddp_config.overlap_param_gather:
-        if len(model[0].remove_forward_pre_hook_handles) > 0:
-            for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
-                if isinstance(opt, DistributedOptimizer):
-                    opt._copy_main_params_to_param_buffer()
-    skipped_gathers.append(_skipped_gathers(model))
-    loss = model[0](x, y)  # forward_backward_func (L1652)
-    loss.backward()
-    for chunk in model:  # finalize_model_grads -> finish_grad_sync
-        chunk.finish_grad_sync()
-    optimizer.step()  # L1703
-    return _dp_mean(loss)
-
-
-def _evaluate(job: Any, batches: list[Any]) -> float:
-    """``evaluate``: eval mode, forwards without grad, back to train mode."""
-    import torch
-
-    for chunk in job.model:
-        chunk.eval()
-    with torch.no_grad():
-        losses = [job.model[0](x, y) for x, y in batches]
-    for chunk in job.model:
-        chunk.train()
-    return _dp_mean(torch.stack(losses).mean())
-
-
 def megatron_lm_loop(job: Any, *, plugin: bool, train_iters: int, eval_interval: int) -> DemoRun:
     """``train()`` of Megatron-LM core_v0.16.1 (L2417-3012) cut to train and eval, with the API."""
     import torch
 
     from . import mxfp8_param_sync
+    from .testing.megatron_lm_loop import evaluate, train_step
     from .testing.toy import make_batches
 
     model, optimizer = job.model, job.optimizer
@@ -124,7 +69,7 @@ def megatron_lm_loop(job: Any, *, plugin: bool, train_iters: int, eval_interval:
         for iteration in range(train_iters):  # L2684
             sync.step_started()  # API: after L2785
             ((x, y),) = make_batches(job.toy, 1, rank=rank, world=world, salt=iteration)
-            run.train_losses.append(_train_step(job, x, y, run.skipped_gathers))  # L2786-2797
+            run.train_losses.append(train_step(job, x, y, run.skipped_gathers))  # L2786-2797
             if iteration == 0 and toggle:  # L2815-2829: pre-hooks on after the first step
                 for chunk in model:
                     chunk.enable_forward_pre_hook()
@@ -133,7 +78,7 @@ def megatron_lm_loop(job: Any, *, plugin: bool, train_iters: int, eval_interval:
                     for chunk in model:
                         chunk.disable_forward_pre_hook()
                 sync.before_eval()  # API: before L2945
-                run.eval_losses[iteration + 1] = _evaluate(job, eval_batches)  # L2945-2949
+                run.eval_losses[iteration + 1] = evaluate(job, eval_batches)  # L2945-2949
                 if toggle:  # L2959-2961
                     for chunk in model:
                         chunk.enable_forward_pre_hook()

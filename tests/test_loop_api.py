@@ -25,8 +25,9 @@ import torch
 from harness.weights import expected_mxfp8_weights, worst_diff
 
 # The Megatron-LM-order train step and evaluate (core_v0.16.1 training.py line refs there) are the
-# demo's: one copy of that order, exercised here with saves and the API's every call.
-from mbridge_mxfp8_plugin.demo import _evaluate, _train_step
+# public kit's, which the demo uses too: one copy of that order, exercised here with saves.
+from mbridge_mxfp8_plugin.testing.megatron_lm_loop import evaluate as _evaluate
+from mbridge_mxfp8_plugin.testing.megatron_lm_loop import train_step as _train_step
 
 TOL = 1e-4
 TRAIN_ITERS, EVAL_INTERVAL, SAVE_INTERVAL = 7, 3, 2

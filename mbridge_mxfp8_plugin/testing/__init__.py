@@ -12,6 +12,8 @@ It is here for users who want to check their own loop (train -> eval -> save -> 
 * ``launcher`` -- ``launch(fn, world_size)`` runs a module-level function on N spawned ranks.
 * ``toy`` -- a tiny model plus ``build_job`` (DDP + distributed optimizer in the reuse mode) and
   deterministic batches: the smallest job that exercises every bucket path.
+* ``megatron_lm_loop`` -- ``train_step`` and ``evaluate`` in Megatron-LM's order (``training.py``),
+  for a loop of your own around a ``toy`` job; the demo's loop is built on them.
 The suite's own loop replicas, case runners and the patches that run Megatron-Bridge's and NeMo's
 real stacks on CPU (they patch megatron-core internals, so they do not ship) live under
 ``tests/harness``, not here.

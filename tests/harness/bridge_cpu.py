@@ -84,7 +84,10 @@ def _claim_cuda_during(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @contextlib.contextmanager
-def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
+def patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Set ``(obj, name, value)`` attributes for the block, then restore each object's own ``__dict__``
+    entry (deleting it where there was none): restoring ``getattr``'s value instead would leave an
+    inherited attribute shadowed on the subclass after the block. The NeMo harness uses it too."""
     saved = [(obj, name, obj.__dict__.get(name, _MISSING)) for obj, name, _ in targets]
     for obj, name, value in targets:
         setattr(obj, name, value)
@@ -175,7 +178,7 @@ def bridge_on_cpu(cpu: bool | None = None) -> Iterator[bool]:
                 if hasattr(mod, "set_jit_fusion_options"):
                     targets.append((mod, "set_jit_fusion_options", _noop))
         with (
-            _patched(targets),
+            patched(targets),
             torch_adam_checkpoints(),
             cpu_cuda_rng() if on_cpu else contextlib.nullcontext(),
         ):
@@ -196,7 +199,7 @@ def torch_adam_checkpoints() -> Iterator[None]:
         if hasattr(cls, "_set_main_param_and_optimizer_states"):
             setter = cls._set_main_param_and_optimizer_states
             targets.append((cls, "_set_main_param_and_optimizer_states", _keep_loaded_step(setter)))
-    with _patched(targets):
+    with patched(targets):
         yield
 
 
@@ -220,5 +223,5 @@ def cpu_cuda_rng() -> Iterator[None]:
             (core_random, "_get_cuda_rng_state", rng.get_state),
             (core_random, "_set_cuda_rng_state", rng.set_state),
         ]
-    with _patched(targets):
+    with patched(targets):
         yield

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from mbridge_mxfp8_plugin.testing.megatron_lm_loop import dp_mean
 from mbridge_mxfp8_plugin.testing.toy import Job, make_batches
 
 __all__ = [
@@ -181,12 +182,6 @@ class RunRecord:
     events: list[str] = field(default_factory=list)
     #: weights seen by the weight-hash check, by step
     hashed_weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-
-
-def _dp_mean(value: torch.Tensor) -> float:
-    t = value.detach().float().reshape(1).clone()
-    torch.distributed.all_reduce(t)
-    return float(t.item() / torch.distributed.get_world_size())
 
 
 def _weights(model: list[Any]) -> dict[str, torch.Tensor]:
@@ -415,7 +410,7 @@ def train_step(job: Job, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> fl
     for chunk in model:
         chunk.finish_grad_sync()
     optimizer.step()
-    return _dp_mean(torch.stack(losses).mean())
+    return dp_mean(torch.stack(losses).mean())
 
 
 class _null:
@@ -462,7 +457,7 @@ def evaluate_and_print_results(
     with torch.no_grad():
         for x, y in eval_batches:
             losses.append(job.model[0](x, y))
-    loss = _dp_mean(torch.stack(losses).mean())
+    loss = dp_mean(torch.stack(losses).mean())
     if order.eval_events_inside_evaluate:
         fire(end, total_loss_dict={"lm loss": loss})  # 0.6.2 eval.py L371: before model.train()
     for chunk in job.model:  # 0.3.1 L263-264, 0.6.2 L383-384

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from mbridge_mxfp8_plugin.testing.megatron_lm_loop import dp_mean
 from mbridge_mxfp8_plugin.testing.toy import Job, ToyConfig, make_batches
 
 __all__ = [
@@ -182,12 +183,6 @@ class LightningRun:
     plugin_events: list[str] = field(default_factory=list)
     #: every recorded hook and forced param sync (:func:`make_event_recorder`, :func:`record_param_syncs`).
     events: list[str] = field(default_factory=list)
-
-
-def _dp_mean(value: torch.Tensor) -> float:
-    t = value.detach().float().reshape(1).clone()
-    torch.distributed.all_reduce(t)
-    return float(t.item() / torch.distributed.get_world_size())
 
 
 def _build_classes() -> dict[str, Any]:
@@ -338,7 +333,7 @@ def _build_classes() -> dict[str, Any]:
             for chunk in job.model:
                 chunk.finish_grad_sync()
             opt.step()
-            self.record.train_losses.append(_dp_mean(loss))
+            self.record.train_losses.append(dp_mean(loss))
             if self._first and self.order.first_step_without_hooks and self.toggle:
                 for chunk in job.model:
                     chunk.enable_forward_pre_hook()
@@ -351,7 +346,7 @@ def _build_classes() -> dict[str, Any]:
             self._val.append(self.megatron_parallel[0](x, y).detach())
 
         def on_validation_epoch_end(self) -> None:
-            loss = _dp_mean(torch.stack(self._val).mean())
+            loss = dp_mean(torch.stack(self._val).mean())
             self._val = []
             self.record.val_losses.append(
                 (int(self.trainer.global_step), bool(self.trainer.sanity_checking), loss)
@@ -364,7 +359,7 @@ def _build_classes() -> dict[str, Any]:
             self._val.append(self.megatron_parallel[0](x, y).detach())
 
         def on_test_epoch_end(self) -> None:
-            self.record.test_loss = _dp_mean(torch.stack(self._val).mean())
+            self.record.test_loss = dp_mean(torch.stack(self._val).mean())
             self._val = []
 
         def on_validation_end(self) -> None:

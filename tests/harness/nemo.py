@@ -48,28 +48,14 @@ from typing import Any
 
 import torch
 
+from mbridge_mxfp8_plugin.testing.megatron_lm_loop import dp_mean
+
 VOCAB = 128  # NullTokenizer(127): 127 tokens + EOD; an untrained model's loss is ln 128
 SEQ = 32
 MXFP8_LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 
 # ---------------------------------------------------------------- CPU patches
-@contextlib.contextmanager
-def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    missing = object()
-    saved = [(obj, name, getattr(obj, name, missing)) for obj, name, _ in targets]
-    for obj, name, value in targets:
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for obj, name, old in reversed(saved):
-            if old is missing:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, old)
-
-
 def _dequantize_te2(t: torch.Tensor) -> torch.Tensor:
     return t.dequantize()
 
@@ -82,7 +68,7 @@ def nemo_on_cpu() -> Iterator[None]:
     from megatron.core.optimizer import distrib_optimizer
     from nemo.lightning.io import pl as nemo_ckpt_io
 
-    from harness.bridge_cpu import cpu_cuda_rng, torch_adam_checkpoints
+    from harness.bridge_cpu import cpu_cuda_rng, patched, torch_adam_checkpoints
     from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
 
     real_tensor = torch.tensor
@@ -99,7 +85,7 @@ def nemo_on_cpu() -> Iterator[None]:
     ]
     if not hasattr(np, "product"):
         targets.append((np, "product", np.prod))
-    with cpu_shim(), cpu_cuda_rng(), torch_adam_checkpoints(), _patched(targets):
+    with cpu_shim(), cpu_cuda_rng(), torch_adam_checkpoints(), patched(targets):
         yield
 
 
@@ -452,12 +438,6 @@ def _run(
     return out
 
 
-def _dp_mean(value: Any) -> float:
-    t = torch.as_tensor(value).detach().float().reshape(1).clone()
-    torch.distributed.all_reduce(t)
-    return float(t.item() / torch.distributed.get_world_size())
-
-
 def _loss_recorder_base() -> Any:
     import lightning.pytorch as pl
 
@@ -472,14 +452,14 @@ class _LossRecorder(_loss_recorder_base()):  # type: ignore[misc]
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.out["train"].append((int(trainer.global_step), _dp_mean(loss)))
+        self.out["train"].append((int(trainer.global_step), dp_mean(loss)))
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._val: list[float] = []
 
     def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, *args: Any) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self._val.append(_dp_mean(loss))
+        self._val.append(dp_mean(loss))
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         # (step, fitting, mean loss): validate() before fit is (0, False, ...).
@@ -491,7 +471,7 @@ class _LossRecorder(_loss_recorder_base()):  # type: ignore[misc]
 
     def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, *args: Any) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self._test.append(_dp_mean(loss))
+        self._test.append(dp_mean(loss))
 
     def on_test_end(self, trainer: Any, pl_module: Any) -> None:
         self.out["test"] = sum(self._test) / len(self._test)
