@@ -35,8 +35,8 @@ __version__ = "0.1.0"
 _WHERE = {
     "AlignmentReport": "buckets",
     "check_bucket_alignment": "buckets",
-    "CoreBehaviour": "upstream",
-    "probe_core": "upstream",
+    "CoreBehaviour": "probes",
+    "probe_core": "probes",
     "MXFP8AlignmentError": "errors",
     "MXFP8ConfigError": "errors",
     "MXFP8PluginError": "errors",
@@ -47,19 +47,19 @@ _WHERE = {
     "ParamSyncEngine": "sync",
     "SyncStats": "sync",
     "PluginOptions": "options",
-    "validate_config": "validate",
-    "ValidationReport": "validate",
+    "validate_config": "config.validate",
+    "ValidationReport": "config.validate",
 }
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .api import MXFP8ParamSync, mxfp8_param_sync
     from .bridge import MXFP8ParamSyncCallback
     from .buckets import AlignmentReport, check_bucket_alignment
+    from .config.validate import ValidationReport, validate_config
     from .errors import MXFP8AlignmentError, MXFP8ConfigError, MXFP8PluginError, MXFP8UsageError
     from .options import PluginOptions
+    from .probes import CoreBehaviour, probe_core
     from .sync import ParamSyncEngine, SyncStats
-    from .upstream import CoreBehaviour, probe_core
-    from .validate import ValidationReport, validate_config
 
 
 def __getattr__(name: str) -> Any:

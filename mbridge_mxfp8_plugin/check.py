@@ -74,7 +74,7 @@ def run_check(
     except RecipeError as exc:
         _emit_unreadable(str(exc), as_json, out, err)
         return EXIT_UNREADABLE
-    from .validate import validate_config
+    from .config.validate import validate_config
 
     try:
         report = validate_config(recipe_input.data, dp_size=dp_size, strict=False, installed=installed)

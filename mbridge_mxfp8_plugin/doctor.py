@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 from typing import Any, TextIO
 
-from .defects import DEFECTS, TRAINING_DEFECTS, defects_present, probe_core_files
+from .defects import DEFECTS, TRAINING_DEFECTS, defects_present
+from .probes import installed_versions, probe_bridge_files, probe_core_files
 
 __all__ = ["add_doctor_parser", "diagnose", "render"]
 
@@ -44,8 +44,6 @@ def _plugin_action(defect: str, present: bool, partial: str = "") -> str:
 
 def diagnose() -> dict[str, Any]:
     """The report as a dict (what ``--json`` prints)."""
-    from .upstream import installed_versions, probe_bridge_files
-
     report: dict[str, Any] = {
         "versions": installed_versions(),
         "core": None,
@@ -60,7 +58,7 @@ def diagnose() -> dict[str, Any]:
             "megatron-core is not installed (no megatron/core/distributed/param_and_grad_buffer.py)"
         )
         return report
-    report["core"] = asdict(core)
+    report["core"] = core.as_dict()
     if not core.has_reuse_knob:
         report["error"] = "megatron-core has no reuse_grad_buf_for_mxfp8_param_ag: nothing to fix"
         return report

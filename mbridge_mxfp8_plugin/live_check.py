@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .validate import ValidationReport, validate_config
+from .config.validate import ValidationReport, validate_config
 
 __all__ = ["validate_live_job"]
 

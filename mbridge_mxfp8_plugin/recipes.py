@@ -124,7 +124,7 @@ def apply_recipe(
     MXFP8 rules). Errors raise unless the recipe says ``mxfp8_plugin.strict: false``, in which
     case they are logged. Returns the plugin options for :func:`callbacks_from_recipe`.
     """
-    from .validate import validate_config
+    from .config.validate import validate_config
 
     data = read_recipe(path, overrides)
     raw_plugin = data.get(PLUGIN_SECTION)

@@ -52,7 +52,7 @@ def test_gpu_plugin_matches_reference(gpu_runs):
 
 
 def test_gpu_plugin_off_shows_the_release_defects(gpu_runs):
-    from mbridge_mxfp8_plugin.upstream import probe_core
+    from mbridge_mxfp8_plugin.probes import probe_core
 
     ref, off = gpu_runs["reference"], gpu_runs["mxfp8"]
     eval_diff = _max_diff(off.eval_losses, ref.eval_losses)

@@ -121,9 +121,9 @@ def _rank_body(mode: str) -> LoopRecord:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("NO_VCS_VERSION", "1")
     from mbridge_mxfp8_plugin import check_bucket_alignment
+    from mbridge_mxfp8_plugin.probes import probe_bucket_offsets, probe_core
     from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin.upstream import probe_bucket_offsets, probe_core
 
     with cpu_shim(), emulated_mxfp8():
         job = build_job(replace(ToyConfig(), reference=(mode == "reference")))

@@ -219,7 +219,7 @@ def test_replica_loop_order_agrees_with_installed_bridge_source() -> None:
     """The replica's per-release switches, checked against the installed Bridge's own train.py/eval.py."""
     from harness.bridge_loop import loop_order
 
-    from mbridge_mxfp8_plugin.upstream import probe_bridge_files
+    from mbridge_mxfp8_plugin.probes import probe_bridge_files
 
     try:
         installed = metadata.version("megatron-bridge")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..stack import InstalledStack
+from ..probes.stack import InstalledStack
 from .schema import MP_OWNED_KNOBS
 from .view import UNKNOWN, ConfigView, Val, yaml_scalar
 

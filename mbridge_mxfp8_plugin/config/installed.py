@@ -135,7 +135,7 @@ _CORE_CLASSES = {
 
 @functools.lru_cache(maxsize=8)
 def _core_class(section: str) -> dict[str, tuple[Any, Any]] | None:
-    from ..defects import core_package_dir
+    from ..probes.core import core_package_dir
 
     root = core_package_dir()
     if root is None or section not in _CORE_CLASSES:
@@ -185,8 +185,8 @@ class BridgeFacts(typing.NamedTuple):
 @functools.lru_cache(maxsize=1)
 def bridge_facts() -> BridgeFacts | None:
     """The installed Bridge's registry and conversions, or None when Bridge is not installed."""
-    from ..stack import installed_version
-    from ..upstream import bridge_training_dir
+    from ..probes.bridge import bridge_training_dir
+    from ..probes.versions import installed_version
 
     root = bridge_training_dir()
     if root is None:

@@ -48,7 +48,7 @@ def _mx010(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _pass(rule, "plugin disabled (see MX009)", repair.path, repair.value)
     if repair.value:
         return _pass(rule, "repair on", repair.path, True)
-    if ctx.installed is None or ctx.installed.core_pads_bucket_offsets is None:
+    if ctx.installed is None or ctx.installed.core is None or ctx.installed.core.pads_bucket_offsets is None:
         return _na(rule, "cannot tell whether the installed megatron-core has defect A", repair.path)
     if "A" not in _relevant_defects(ctx):
         return _pass(rule, "defect A absent or not relevant", repair.path, False)

@@ -15,30 +15,23 @@ model); the adapters' train-start check is :mod:`.live_check`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .config.effective import EffectiveConfig
-from .config.report import ConfigValidationError, Finding, Rule, RuleResult, ValidationReport
-from .config.rules import RULES, run_rules
-from .config.view import read_config
-from .stack import InstalledStack
-
-if TYPE_CHECKING:  # loaded lazily by __getattr__ below (they import torch)
-    from .buckets import AlignmentReport, check_bucket_alignment
-    from .live_check import validate_live_job
+from ..probes.stack import InstalledStack
+from .effective import EffectiveConfig
+from .report import ConfigValidationError, Finding, Rule, RuleResult, ValidationReport
+from .rules import RULES, run_rules
+from .view import read_config
 
 __all__ = [
     "RULES",
-    "AlignmentReport",
     "ConfigValidationError",
     "Finding",
     "InstalledStack",
     "Rule",
     "RuleResult",
     "ValidationReport",
-    "check_bucket_alignment",
     "validate_config",
-    "validate_live_job",
 ]
 
 
@@ -73,16 +66,3 @@ def validate_config(
     if strict and not report.ok:
         raise ConfigValidationError(report)
     return report
-
-
-def __getattr__(name: str) -> Any:
-    """The bucket check and the live-job check pull in torch: loaded only when asked for."""
-    if name in ("AlignmentReport", "check_bucket_alignment"):
-        from . import buckets
-
-        return getattr(buckets, name)
-    if name == "validate_live_job":
-        from .live_check import validate_live_job
-
-        return validate_live_job
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,29 @@
+"""What the installed megatron-core and training loops already do right.
+
+One record per thing probed: :class:`CoreBehaviour` (megatron-core's param sync, from the
+imported classes or from the installed files), :class:`BridgeLoopBehaviour` (a training loop's
+staging), :class:`InstalledStack` (the release pair, for the config check), plus one version
+reader. Nothing here imports torch or megatron-core at import time.
+"""
+
+from __future__ import annotations
+
+from .bridge import BridgeLoopBehaviour, bridge_training_dir, probe_bridge_files, probe_live_loop
+from .core import CoreBehaviour, core_package_dir, probe_bucket_offsets, probe_core, probe_core_files
+from .stack import InstalledStack
+from .versions import installed_version, installed_versions
+
+__all__ = [
+    "BridgeLoopBehaviour",
+    "CoreBehaviour",
+    "InstalledStack",
+    "bridge_training_dir",
+    "core_package_dir",
+    "installed_version",
+    "installed_versions",
+    "probe_bridge_files",
+    "probe_bucket_offsets",
+    "probe_core",
+    "probe_core_files",
+    "probe_live_loop",
+]

@@ -1,0 +1,48 @@
+"""Finding and reading the installed megatron packages as text, without importing them.
+
+``megatron`` is a namespace package: ``find_spec`` lists its directories and runs no
+megatron-core or Bridge code, which is what keeps ``check`` and ``doctor`` off torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+__all__ = ["block", "init_signature", "megatron_subdir", "read_text"]
+
+
+def megatron_subdir(sub: str, marker: str) -> Path | None:
+    """``megatron/<sub>`` of the first installed copy that holds ``<sub>/<marker>``."""
+    try:
+        spec = importlib.util.find_spec("megatron")
+    except (ImportError, ValueError):
+        return None
+    for loc in list(spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(loc) / sub
+        if (candidate / marker).is_file():
+            return candidate
+    return None
+
+
+def read_text(root: Path, rel: str) -> str:
+    """``root/rel`` as text; empty when absent (an absent file is an absent feature)."""
+    f = root / rel
+    return f.read_text(encoding="utf-8", errors="replace") if f.is_file() else ""
+
+
+def block(text: str, kind: str, name: str) -> str:
+    """Source of the top-level ``class name`` / ``def name`` up to the next top-level statement
+    that opens another ``class``/``def``/decorator; empty when not defined."""
+    m = re.search(rf"^{kind} {re.escape(name)}\b", text, re.M)
+    if not m:
+        return ""
+    nxt = re.search(r"^(class |def |@)", text[m.end() :], re.M)
+    return text[m.start() : m.end() + nxt.start()] if nxt else text[m.start() :]
+
+
+def init_signature(class_body: str) -> str:
+    """The parameter list of the ``__init__`` inside a class body."""
+    m = re.search(r"def __init__\((.*?)\)\s*(->[^:]*)?:", class_body, re.S)
+    return m.group(1) if m else ""
