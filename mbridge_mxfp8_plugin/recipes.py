@@ -22,6 +22,7 @@ from .config.installed import dtype_name_problem
 from .config.read import RecipeError, read_recipe_file
 from .errors import MXFP8ConfigError
 from .options import PLUGIN_SECTION, PluginOptions
+from .recipe_files import resolve_recipe
 
 __all__ = [
     "PluginOptions",
@@ -33,13 +34,78 @@ __all__ = [
 ]
 
 
+#: Bridge's scripts spell the file flag both ways (``run_recipe.py``: ``--config-file``; examples: ``--config_file``).
+_FILE_FLAGS = ("--config-file", "--config_file")
+
+
+def split_bridge_argv(argv: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``(config_files, overrides)`` of a Bridge script's arguments (``sys.argv[1:]`` as its
+    recipe scripts take them: ``--config-file FILE`` then ``key=value`` Hydra overrides).
+
+    Any other ``--flag`` belongs to the script's own parser: refused with one line saying so,
+    instead of reaching Hydra's lexer as an override.
+    """
+    files: list[str] = []
+    overrides: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag, eq, value = arg.partition("=")
+        if flag in _FILE_FLAGS:
+            if not eq:
+                if i + 1 >= len(args):
+                    raise RecipeError(f"{arg} needs a file: {arg} FILE")
+                i += 1
+                value = args[i]
+            files.append(value)
+        elif arg.startswith("-") and not arg.startswith("~"):
+            raise RecipeError(
+                f"{flag!r} is not a recipe override: pass key=value overrides and --config-file FILE "
+                "only (parse your script's own flags first, e.g. argparse's parse_known_args)"
+            )
+        else:
+            overrides.append(arg)
+        i += 1
+    return files, overrides
+
+
+def _merge_files(path: str | Path, files: list[str], overrides: list[str]) -> dict[str, Any]:
+    """``path``, then each ``--config-file`` merged on top (OmegaConf.merge, as Bridge merges its
+    ``--config-file`` onto the recipe), then the overrides with Hydra's parser, as Bridge applies them."""
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.create(read_recipe(path))
+    for extra in files:
+        merged = OmegaConf.merge(merged, OmegaConf.create(read_recipe(resolve_recipe(extra))))
+    if overrides:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parser = OverridesParser.create()
+        for text in overrides:
+            try:
+                ConfigLoaderImpl._apply_overrides_to_config(overrides=parser.parse_overrides([text]), cfg=merged)
+            except Exception as exc:  # noqa: BLE001 - Hydra raises several types; all mean "bad override"
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise RecipeError(f"override {text!r}: {first}") from None
+    data = OmegaConf.to_container(merged, resolve=True)
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}
+
+
 def read_recipe(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
     """The whole recipe (plugin section included) with overrides applied; raises :class:`RecipeError`.
 
+    ``path`` is a file or the name of a shipped recipe. ``overrides`` may be a Bridge script's
+    argument list: ``--config-file FILE`` merges FILE on top (see :func:`split_bridge_argv`).
     An interpolation into the base recipe (or ``???``) cannot be resolved without it: refused
     here, where the result is meant to be applied (``check`` reports such values as "not checked" instead).
     """
-    recipe = read_recipe_file(path, overrides)
+    files, plain = split_bridge_argv(overrides)
+    if files:
+        return _merge_files(path, files, plain)
+    recipe = read_recipe_file(resolve_recipe(path), plain)
     if recipe.base_refs:
         key, expr = next(iter(recipe.base_refs.items()))
         raise RecipeError(
