@@ -9,7 +9,7 @@ REAL_REQ := requirements/bridge-real-py3.11.txt
 STAMP := $(VENV)/.installed-$(shell cat $(REQ) $(REAL_REQ) Makefile pyproject.toml | sha1sum | cut -c1-12)
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-main matrix nemo lint clean
+.PHONY: demo test test-fast test-main matrix nemo lint clean
 
 # flock: the matrix and NeMo installs, which .ci/test-all.sh runs alongside, build the same egg-info.
 $(STAMP): $(REQ) $(REAL_REQ) pyproject.toml
@@ -27,6 +27,15 @@ demo: $(STAMP)
 # 0.19.2 on 3.12 with their Bridge releases' real pretrain()), then NeMo 2's real Lightning stack.
 test:
 	bash .ci/test-all.sh
+
+# The fast tier, one process, no spawned ranks (tests/unit: the engine's state machine against
+# fakes of megatron-core, every config rule) plus the config column's tests: under 2 minutes.
+# Reuses an existing venv as it is (a stale stamp would reinstall); creates one only if missing.
+FAST := tests/unit tests/test_config_read.py tests/test_config_equivalence.py tests/test_check_cli.py \
+	tests/test_doctor.py tests/test_recipes.py
+test-fast:
+	@test -x $(PY) || $(MAKE) --no-print-directory $(STAMP)
+	NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider $(FAST)
 
 # The doctor's report heads the log: which torch / megatron-core / bridge this suite ran against.
 test-main: $(STAMP)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test`: lint, the main suite, the release matrix and the NeMo tier, in that order.
+# `make test`: the fast tier, lint, the main suite, the release matrix and the NeMo tier, in that order.
 #
 # The matrix and NeMo virtualenvs (~10 GB, two Python versions, a CUDA torch wheel) are installed in
 # the background while lint and the main suite run: installing waits on the network and the disk, the
@@ -29,6 +29,8 @@ matrix_setup=$!
   echo "nemo install finished rc=$rc in $((SECONDS - t0)) s" >> "$LOGS/setup-nemo.log"; exit $rc ) &
 nemo_setup=$!
 
+# The fast tier first (~30 s, one process): a broken engine or rule shows before the long tiers.
+tier test-fast "$MAKE" --no-print-directory test-fast
 tier lint "$MAKE" --no-print-directory lint
 tier test-main "$MAKE" --no-print-directory test-main
 

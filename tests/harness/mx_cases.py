@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mbridge_mxfp8_plugin.stack import InstalledStack
-from mbridge_mxfp8_plugin.upstream import CoreBehaviour
+from mbridge_mxfp8_plugin.probes import CoreBehaviour, InstalledStack
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -28,22 +27,20 @@ DEFECTIVE = InstalledStack(
         has_dispatch_reset=False,
         has_prepare_for_param_sync=False,
         has_reuse_knob=True,
+        pads_bucket_offsets=False,
     ),
-    core_pads_bucket_offsets=False,
     bridge_calls_prepare=False,
     versions={"megatron-core": "0.16.1", "megatron-bridge": "0.3.1"},
 )
 #: megatron-core 0.19 + Bridge 0.6: nothing to fix.
 FIXED = InstalledStack(
-    core=CoreBehaviour(True, True, True, True),
-    core_pads_bucket_offsets=True,
+    core=CoreBehaviour(True, True, True, True, pads_bucket_offsets=True),
     bridge_calls_prepare=True,
     versions={"megatron-core": "0.19.2", "megatron-bridge": "0.6.2"},
 )
 #: Bridge 0.6 (calls prepare_model_params_for_param_sync) on megatron-core 0.18 (lacks it).
 BROKEN_PAIR = InstalledStack(
-    core=CoreBehaviour(True, False, False, True),
-    core_pads_bucket_offsets=True,
+    core=CoreBehaviour(True, False, False, True, pads_bucket_offsets=True),
     bridge_calls_prepare=True,
     versions={"megatron-core": "0.18.2", "megatron-bridge": "0.6.2"},
 )
