@@ -4,8 +4,10 @@ Renders the one defect table (:data:`mbridge_mxfp8_plugin.defects.DEFECTS`) for 
 stack. Which defects are present is decided in :func:`mbridge_mxfp8_plugin.defects.defects_present`
 from the installed sources read as text (megatron-core's param-sync files, Megatron-Bridge's
 ``training/train.py``), never from version strings and without importing torch, megatron-core or
-Bridge (importing Bridge needs Transformer Engine). Always exits 0; ``--json`` prints the same
-report machine-readably. docs/compatibility.md lists the result per release pair.
+Bridge (importing Bridge needs Transformer Engine). ``--json`` prints the same report
+machine-readably. Exit codes: 0 the report is complete (defects present are not an error: they are
+what the plugin repairs), 2 it could not be made (no megatron-core installed), with one line on
+stderr saying so. docs/compatibility.md lists the result per release pair.
 """
 
 from __future__ import annotations
@@ -122,13 +124,18 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         render(report)
+    if report.get("core") is None:  # no megatron-core: which defects apply is unknown, not "none"
+        reason = report.get("error", "megatron-core not found")
+        print(f"mxfp8-plugin doctor: error: {reason}; pip install megatron-core", file=sys.stderr)
+        return 2
     return 0
 
 
 def add_doctor_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "doctor",
-        help="installed versions, which MXFP8 param-gather defects they have, what the plugin does (exit 0)",
+        help="installed versions, which MXFP8 param-gather defects they have, what the plugin does "
+        "(exit 0 report made, 2 no megatron-core to inspect)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
