@@ -1,22 +1,29 @@
-"""What both framework adapters do the same way: decide whether the plugin applies, bind the shared
-engine with one rank-zero log line, and check the job at train start.
+"""What every entry point does the same way: hold the options and the shared engine, decide
+whether the plugin applies (one rank-zero log line either way), and check the job at train start.
 
 Kept apart from the engine because it is about user-facing policy (what to log, what to refuse),
-and apart from each adapter so that Bridge and Lightning cannot drift.
+and apart from each adapter so that Bridge, Lightning and the loop API cannot drift.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from ._log import log_rank_zero
 from .buckets import is_megatron_ddp
+from .config.validate import ValidationReport, validate_config
 from .errors import MXFP8UsageError
-from .sync import ParamSyncEngine, distributed_optimizers, reuse_mode_active
+from .options import PluginOptions
+from .plan import distributed_optimizers, reuse_mode_active
+from .sync import ParamSyncEngine, SyncStats
 
-__all__ = ["bind_engine", "check_job", "inactive_reason"]
+__all__ = ["HISTORY_LENGTH", "EngineHolder", "inactive_reason", "validate_live_job"]
+
+#: Events an entry point remembers in ``history`` (for logs and tests); older ones are dropped.
+HISTORY_LENGTH = 256
 
 
 def inactive_reason(chunks: Sequence[Any]) -> str | None:
@@ -32,54 +39,132 @@ def inactive_reason(chunks: Sequence[Any]) -> str | None:
     return None
 
 
-def bind_engine(
-    chunks: Sequence[Any], optimizer: Any | None, *, repair_alignment: bool, framework: str
-) -> tuple[ParamSyncEngine | None, str | None]:
-    """The shared engine of these chunks, prepared (offsets repaired), or (None, why not) with one
-    rank-zero log line either way."""
-    reason = inactive_reason(chunks)
-    if reason:
-        log_rank_zero(logging.INFO, "MXFP8 param-sync plugin inactive: %s; nothing to do.", reason)
-        return None, reason
-    engine = ParamSyncEngine.shared(chunks, optimizer)
-    report = engine.prepare(repair_offsets=repair_alignment)
-    beh = engine.behaviour
-    log_rank_zero(
-        logging.INFO,
-        "MXFP8 param-sync plugin active (%s, %d chunk(s)): %s; core forced-sync write-back=%s, "
-        "dispatch reset=%s",
-        framework,
-        len(chunks),
-        report.summary() if report else "no buckets",
-        beh.forced_sync_writes_back,
-        beh.has_dispatch_reset,
-    )
-    return engine, None
+class EngineHolder:
+    """The state every entry point keeps: its options, the shared engine of its model chunks (or
+    why there is none), and the last events with what they did.
 
+    Subclasses call :meth:`_hold` from ``__init__`` and name themselves in ``framework``.
+    """
 
-def check_job(
-    engine: ParamSyncEngine,
-    *,
-    container: Any,
-    plugin: dict[str, Any],
-    validate: bool,
-    strict: bool,
-    owner: str,
-) -> None:
-    """Refuse at train start what would otherwise fail (or train wrong) at the first eval."""
-    if engine.optimizer is not None and not distributed_optimizers(engine.optimizer):
-        raise MXFP8UsageError(
-            f"the optimizer handed to {owner} is {type(engine.optimizer).__name__}, which holds no "
-            "megatron-core DistributedOptimizer: with reuse_grad_buf_for_mxfp8_param_ag the fp32 main "
-            "params live only there. Build it with megatron.core.optimizer.get_megatron_optimizer and "
-            "OptimizerConfig(use_distributed_optimizer=True)"
+    framework = ""
+    options: PluginOptions
+    engine: ParamSyncEngine | None
+    inactive_reason: str | None
+    last_stats: SyncStats | None
+    history: deque[tuple[str, SyncStats]]
+
+    def _hold(self, options: PluginOptions | None, overrides: dict[str, Any]) -> None:
+        if options is not None and not isinstance(options, PluginOptions):
+            raise MXFP8UsageError(
+                f"{type(self).__name__} takes a PluginOptions as its first argument, got "
+                f"{type(options).__name__} (a recipe section: PluginOptions.from_mapping(section))"
+            )
+        # One options type for every entry point; a keyword given here wins over ``options``.
+        self.options = (options or PluginOptions()).replace(**overrides)
+        self._disabled_logged = False
+        self._forget_engine()
+
+    def _forget_engine(self) -> None:
+        self.engine = None
+        self.inactive_reason = None
+        self._model_key: tuple[int, ...] | None = None
+        self.last_stats = None
+        self.history = deque(maxlen=HISTORY_LENGTH)
+
+    def _disabled(self) -> bool:
+        """``enabled=False``: no engine is built and no event does anything; said once."""
+        if self.options.enabled:
+            return False
+        if not self._disabled_logged:
+            self._disabled_logged = True
+            log_rank_zero(
+                logging.INFO, "MXFP8 param-sync plugin disabled (%s, enabled=False).", self.framework
+            )
+        return True
+
+    def _bind(
+        self, chunks: Sequence[Any], optimizer: Any | None, *, reason: str | None = None
+    ) -> ParamSyncEngine | None:
+        """The shared engine of these chunks, prepared (offsets repaired); rebuilt only when the
+        chunks change. ``reason``: the caller already knows the plugin does not apply."""
+        key = ParamSyncEngine.model_key(chunks)
+        if key == self._model_key:
+            if self.engine is not None:
+                self.engine.bind_optimizer(optimizer)
+            return self.engine
+        self._model_key = key
+        self.engine, self.inactive_reason = None, reason or inactive_reason(chunks)
+        if self.inactive_reason:
+            log_rank_zero(
+                logging.INFO, "MXFP8 param-sync plugin inactive: %s; nothing to do.", self.inactive_reason
+            )
+            return None
+        engine = self.engine = ParamSyncEngine.shared(chunks, optimizer)
+        report = engine.prepare(repair_offsets=self.options.repair_alignment)
+        log_rank_zero(
+            logging.INFO,
+            "MXFP8 param-sync plugin active (%s, %d chunk(s)): %s; core forced-sync write-back=%s, "
+            "dispatch reset=%s",
+            self.framework,
+            len(chunks),
+            report.summary() if report else "no buckets",
+            engine.behaviour.forced_sync_writes_back,
+            engine.behaviour.has_dispatch_reset,
         )
-    if not validate:
-        return
-    from .live_check import validate_live_job
+        return engine
 
-    report = validate_live_job(
-        engine.model_chunks, engine.optimizer, container=container, plugin=plugin, strict=strict
+    def _check_job(self, engine: ParamSyncEngine, container: Any = None) -> None:
+        """Refuse at train start what would otherwise fail (or train wrong) at the first eval."""
+        if engine.optimizer is not None and not distributed_optimizers(engine.optimizer):
+            raise MXFP8UsageError(
+                f"the optimizer handed to {type(self).__name__} is {type(engine.optimizer).__name__}, "
+                "which holds no megatron-core DistributedOptimizer: with "
+                "reuse_grad_buf_for_mxfp8_param_ag the fp32 main params live only there. Build it with "
+                "megatron.core.optimizer.get_megatron_optimizer and "
+                "OptimizerConfig(use_distributed_optimizer=True)"
+            )
+        if not self.options.validate:
+            return
+        report = validate_live_job(
+            engine.model_chunks, engine.optimizer, container=container, options=self.options
+        )
+        if report is not None and not report.ok:
+            log_rank_zero(
+                logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors()
+            )
+
+    def _record(self, event: str, stats: SyncStats) -> None:
+        self.last_stats = stats
+        self.history.append((event, stats))
+
+
+def validate_live_job(
+    model_chunks: Sequence[Any],
+    optimizer: Any,
+    *,
+    container: Any = None,
+    options: PluginOptions | None = None,
+) -> ValidationReport | None:
+    """The config the job really runs with, not a file: the Bridge ``ConfigContainer`` when there
+    is one, else the live megatron-core configs the chunks and the distributed optimizer use.
+
+    Returns None when there is nothing megatron-core to check (no DDP chunks, no optimizer).
+    ``options.strict`` raises :class:`~mbridge_mxfp8_plugin.MXFP8ConfigError` on rule errors.
+    """
+    import torch.distributed as dist
+
+    options = options or PluginOptions()
+    dp = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+    if container is not None and all(hasattr(container, a) for a in ("ddp", "optimizer")):
+        return validate_config(container, plugin=options, strict=options.strict)
+    ddp = getattr(model_chunks[0], "ddp_config", None) if model_chunks else None
+    opts = distributed_optimizers(optimizer) if optimizer is not None else []
+    if ddp is None or not opts:
+        return None
+    chunk = model_chunks[0]
+    group = getattr(chunk, "intra_dp_cp_group", None) or getattr(chunk, "dp_cp_group", None)
+    if group is not None and hasattr(group, "size"):
+        dp = group.size()
+    return validate_config(
+        ddp=ddp, optimizer=opts[0].config, plugin=options, dp_size=dp, strict=options.strict
     )
-    if report is not None and not report.ok:
-        log_rank_zero(logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors())

@@ -6,6 +6,7 @@ on method names), so importing this module never imports Megatron-Bridge.
 What each hook reads and does (Bridge fires them from ``train()`` and ``evaluate_and_print_results()``):
 
 * ``on_train_start`` (has ``optimizer``): build the engine, repair bucket offsets (A), log a summary.
+  With ``PluginOptions(enabled=False)`` no engine is built and every hook returns at once.
 * ``on_train_step_start`` (has ``optimizer``): reset what a forced sync without a callback left
   behind (checkpoint save, weight-hash check) so this step gathers (C). A flag check otherwise.
 * ``on_train_step_end``: when the loop will force a param sync before the next step (eval,
@@ -28,16 +29,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ._adapter import bind_engine, check_job
+from ._adapter import EngineHolder
 from ._log import log_rank_zero
 from .errors import MXFP8UsageError
 from .options import PluginOptions
-from .sync import ParamSyncEngine, SyncStats
+from .sync import ParamSyncEngine
 
 __all__ = ["MXFP8ParamSyncCallback"]
 
@@ -47,85 +47,29 @@ __all__ = ["MXFP8ParamSyncCallback"]
 EXIT_DURATION_MARGIN_S = 120.0
 
 
-class MXFP8ParamSyncCallback:
+class MXFP8ParamSyncCallback(EngineHolder):
     """Keeps MXFP8 params correct around eval, test and checkpoint saves in Megatron-Bridge.
 
     Args:
-        options: a :class:`~mbridge_mxfp8_plugin.options.PluginOptions` (e.g. a recipe's
-            ``mxfp8_plugin:`` section); the keywords below override single fields of it.
-        repair_alignment: rewrite wrong bucket offsets (defect A) at train start. With ``False``
-            a wrong offset raises instead.
-        prestage: stage main params at ``on_train_step_end`` ahead of a forced sync the loop is
-            about to issue, so the framework's gather is the only one. ``False`` gathers again
-            in ``on_eval_start`` (always correct, one extra all-gather per eval).
-        guard_exit_saves: with ``exit_signal_handler`` or ``exit_duration_in_mins`` on, vote
-            each step (one 1-element all-reduce) on whether an exit save may follow, and prepare
-            the weights for it. ``False``: such saves may hold gradients (core 0.18/0.19 with
-            Bridge < 0.6) or the previous step's weights (core < 0.18).
-        refresh_at_train_end: make the weights current after the training loop.
-        validate: check the config (Bridge's ``ConfigContainer``, else the live megatron-core
-            configs) at train start (:func:`mbridge_mxfp8_plugin.live_check.validate_live_job`).
-        strict: raise :class:`~mbridge_mxfp8_plugin.MXFP8ConfigError` on rule errors (else log them).
+        options: a :class:`~mbridge_mxfp8_plugin.PluginOptions` (e.g. a recipe's ``mxfp8_plugin:``
+            section). Every option applies here but the Lightning-only ``stage_for_nemo_steps``.
+        overrides: single options by name (``validate=False``), winning over ``options``.
     """
 
-    def __init__(
-        self,
-        options: PluginOptions | None = None,
-        *,
-        repair_alignment: bool | None = None,
-        prestage: bool | None = None,
-        guard_exit_saves: bool | None = None,
-        refresh_at_train_end: bool | None = None,
-        validate: bool | None = None,
-        strict: bool | None = None,
-    ) -> None:
-        # One options type for every entry point; a keyword given here wins over ``options``.
-        self.options = (options or PluginOptions()).replace(
-            repair_alignment=repair_alignment,
-            prestage=prestage,
-            guard_exit_saves=guard_exit_saves,
-            refresh_at_train_end=refresh_at_train_end,
-            validate=validate,
-            strict=strict,
-        )
-        self.repair_alignment = self.options.repair_alignment
-        self.validate = self.options.validate
-        self.strict = self.options.strict
-        self.prestage = self.options.prestage
-        self.guard_exit_saves = self.options.guard_exit_saves
-        self.refresh_at_train_end = self.options.refresh_at_train_end
-        self.engine: ParamSyncEngine | None = None
-        self._model_key: tuple[int, ...] | None = None
-        self._inactive_reason: str | None = None
-        #: the running Bridge loop stages main params before every forced sync itself (>= 0.6)
-        self._loop_stages = False
+    framework = "Bridge"
+
+    def __init__(self, options: PluginOptions | None = None, **overrides: Any) -> None:
+        self._hold(options, overrides)
         #: Bridge >= 0.5 fires on_checkpoint_save after each save (and we re-stage there)
         self._save_seen = False
         self._last_step_end: float | None = None
         self._longest_step_s = 0.0
-        self.last_stats: SyncStats | None = None
-        self.history: list[tuple[str, SyncStats]] = []
 
     # ------------------------------------------------------------------ plumbing
     def _engine(self, context: Any) -> ParamSyncEngine | None:
-        model: Sequence[Any] = context.model
-        key = tuple(id(m) for m in model)
-        if key == self._model_key:
-            if self.engine is not None:
-                self.engine.bind_optimizer(getattr(context, "optimizer", None))
-            return self.engine
-        self._model_key = key
-        self.engine, self._inactive_reason = bind_engine(
-            model,
-            getattr(context, "optimizer", None),
-            repair_alignment=self.repair_alignment,
-            framework="Bridge",
-        )
-        return self.engine
-
-    def _record(self, event: str, stats: SyncStats) -> None:
-        self.last_stats = stats
-        self.history.append((event, stats))
+        if self._disabled():
+            return None
+        return self._bind(context.model, getattr(context, "optimizer", None))
 
     @staticmethod
     def _forced_syncs_ahead(context: Any, exit_expected: bool = False) -> set[str]:
@@ -214,20 +158,10 @@ class MXFP8ParamSyncCallback:
         self._last_step_end, self._longest_step_s = None, 0.0
         engine = self._engine(context)
         if engine is not None:
-            self._check_job(engine, context)
-        # Bridge >= 0.6 with core >= 0.19 stages before every forced sync and core does the rest:
-        # the callback then stays passive (the engine also remembers it when judging evals).
-        self._loop_stages = engine is not None and engine.loop_stages_itself()
-
-    def _check_job(self, engine: ParamSyncEngine, context: Any) -> None:
-        check_job(
-            engine,
-            container=getattr(getattr(context, "state", None), "cfg", None),
-            plugin={"enabled": True, "repair_alignment": self.repair_alignment, "strict": self.strict},
-            validate=self.validate,
-            strict=self.strict,
-            owner="MXFP8ParamSyncCallback",
-        )
+            self._check_job(engine, getattr(getattr(context, "state", None), "cfg", None))
+            # Bridge >= 0.6 with core >= 0.19 stages before every forced sync and core does the
+            # rest: the engine is then passive (and trusts the loop's gathers when judging evals).
+            engine.loop_stages_itself()
 
     def on_train_step_start(self, context: Any) -> None:
         engine = self._engine(context)
@@ -239,12 +173,11 @@ class MXFP8ParamSyncCallback:
 
     def on_train_step_end(self, context: Any) -> None:
         engine = self._engine(context)
-        if engine is None or not engine.overlap:
-            return
-        if self._loop_stages or not self.prestage:
+        if engine is None or not engine.overlap or engine.passive or not self.options.prestage:
             return
         exit_expected = False
-        if self.guard_exit_saves and self._exit_watched(context) and torch.distributed.is_initialized():
+        watched = self.options.guard_exit_saves and self._exit_watched(context)
+        if watched and torch.distributed.is_initialized():
             self._note_step_time()
             exit_expected = self._exit_vote(context)
         ahead = self._forced_syncs_ahead(context, exit_expected)
@@ -296,7 +229,7 @@ class MXFP8ParamSyncCallback:
 
     def on_train_end(self, context: Any) -> None:
         engine = self._engine(context)
-        if engine is None or not self.refresh_at_train_end or engine.optimizer is None:
+        if engine is None or not self.options.refresh_at_train_end or engine.optimizer is None:
             return
         cfg = getattr(getattr(context, "state", None), "cfg", None)
         if not self._save_seen and getattr(getattr(cfg, "checkpoint", None), "save", None):

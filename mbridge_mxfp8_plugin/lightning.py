@@ -34,12 +34,13 @@ except ImportError as _exc:  # the extra is not installed
         "mbridge_mxfp8_plugin.lightning needs Lightning: pip install 'mbridge-mxfp8-plugin[lightning]'"
     ) from _exc
 
-from ._adapter import bind_engine, check_job
+from ._adapter import EngineHolder
 from ._log import log_rank_zero
 from .buckets import is_megatron_ddp, is_megatron_fsdp
 from .errors import MXFP8UsageError
 from .options import PluginOptions
-from .sync import ParamSyncEngine, SyncStats, distributed_optimizers
+from .plan import distributed_optimizers
+from .sync import ParamSyncEngine
 
 __all__ = ["MXFP8ParamSyncLightningCallback", "find_megatron_optimizer", "find_model_chunks"]
 
@@ -119,66 +120,39 @@ def find_megatron_optimizer(candidates: Iterable[Any]) -> Any | None:
     return None
 
 
-class MXFP8ParamSyncLightningCallback(Callback):
+class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
     """Keeps MXFP8 params correct around validation, test and checkpoint saves in Lightning.
 
     Args:
+        options: a :class:`~mbridge_mxfp8_plugin.PluginOptions` (e.g. a recipe's ``mxfp8_plugin:``
+            section). Every option applies here but the Bridge-only ``prestage`` and
+            ``guard_exit_saves``.
         model_getter: ``(trainer, pl_module) -> chunk or list of chunks`` when the megatron-core
             DDP chunks cannot be found from ``trainer.strategy.model`` / ``pl_module``.
         optimizer_getter: ``(trainer, pl_module) -> optimizer`` when the Megatron optimizer is not
             in ``trainer.optimizers`` (directly or behind ``.mcore_optimizer`` / ``.optimizer``).
-        options: a :class:`~mbridge_mxfp8_plugin.options.PluginOptions` (e.g. a recipe's
-            ``mxfp8_plugin:`` section); the keywords below override single fields of it.
-        repair_alignment: rewrite wrong bucket offsets (defect A) at fit start; ``False`` raises.
-        stage_for_nemo_steps: stage main params at NeMo's ``on_megatron_microbatches_start``
-            (training steps only, pre-hooks on). Turn off only if the loop stages them itself.
-        refresh_at_train_end: make the weights current after fit, for export / test.
-        validate: check the live megatron-core configs at fit start
-            (:func:`mbridge_mxfp8_plugin.live_check.validate_live_job`).
-        strict: raise :class:`~mbridge_mxfp8_plugin.MXFP8ConfigError` on rule errors (else log them).
+        overrides: single options by name (``validate=False``), winning over ``options``.
     """
+
+    framework = "Lightning"
 
     def __init__(
         self,
+        options: PluginOptions | None = None,
         *,
         model_getter: ModelGetter | None = None,
         optimizer_getter: OptimizerGetter | None = None,
-        options: PluginOptions | None = None,
-        repair_alignment: bool | None = None,
-        stage_for_nemo_steps: bool | None = None,
-        refresh_at_train_end: bool | None = None,
-        validate: bool | None = None,
-        strict: bool | None = None,
+        **overrides: Any,
     ) -> None:
-        # One options type for every entry point; a keyword given here wins over ``options``.
-        self.options = (options or PluginOptions()).replace(
-            repair_alignment=repair_alignment,
-            stage_for_nemo_steps=stage_for_nemo_steps,
-            refresh_at_train_end=refresh_at_train_end,
-            validate=validate,
-            strict=strict,
-        )
-        self.validate = self.options.validate
-        self.strict = self.options.strict
         self.model_getter = model_getter
         self.optimizer_getter = optimizer_getter
-        self.repair_alignment = self.options.repair_alignment
-        self.stage_for_nemo_steps = self.options.stage_for_nemo_steps
-        self.refresh_at_train_end = self.options.refresh_at_train_end
-        self._reset_runtime()
-
-    def _reset_runtime(self) -> None:
-        self.engine: ParamSyncEngine | None = None
-        self._model_key: tuple[int, ...] | None = None
-        self._inactive_reason: str | None = None
+        self._hold(options, overrides)
         self._stepped = False
-        self.last_stats: SyncStats | None = None
-        self.history: list[tuple[str, SyncStats]] = []
 
     # ------------------------------------------------------------------ Lightning conventions
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(repair_alignment=self.repair_alignment)
+        return self._generate_state_key(repair_alignment=self.options.repair_alignment)
 
     def state_dict(self) -> dict[str, Any]:
         # Everything here is derived from the live model; nothing must survive a resume.
@@ -194,17 +168,18 @@ class MXFP8ParamSyncLightningCallback(Callback):
         # The engine references live model chunks and process groups, which do not pickle and
         # would be wrong in another process anyway; it is rebuilt from the trainer on first use.
         state = self.__dict__.copy()
-        for key in ("engine", "_model_key", "_inactive_reason", "_stepped", "last_stats", "history"):
+        for key in ("engine", "_model_key", "inactive_reason", "_stepped", "last_stats", "history"):
             state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._reset_runtime()
+        self._forget_engine()
+        self._stepped = False
 
     # ------------------------------------------------------------------ discovery
-    def _chunks(self, trainer: Any, pl_module: Any) -> list[Any]:
-        self._inactive_reason = None
+    def _chunks(self, trainer: Any, pl_module: Any) -> tuple[list[Any], str | None]:
+        """The megatron-core DDP chunks, or ([], why the plugin does not apply)."""
         if self.model_getter is not None:
             got = self.model_getter(trainer, pl_module)
             roots: list[Any] = [got]
@@ -212,10 +187,9 @@ class MXFP8ParamSyncLightningCallback(Callback):
             roots = [getattr(getattr(trainer, "strategy", None), "model", None), pl_module]
         chunks, fsdp = find_model_chunks(roots)
         if chunks:
-            return chunks
+            return chunks, None
         if fsdp:
-            self._inactive_reason = "the model uses Megatron-FSDP, which does not have these defects"
-            return []
+            return [], "the model uses Megatron-FSDP, which does not have these defects"
         where = "model_getter's result" if self.model_getter else "trainer.strategy.model and pl_module"
         seen = ", ".join(_describe(r) for r in roots if r is not None) or "nothing"
         raise MXFP8UsageError(
@@ -236,23 +210,12 @@ class MXFP8ParamSyncLightningCallback(Callback):
             )
         return found
 
-    def _bind(self, trainer: Any, pl_module: Any, *, need_optimizer: bool) -> ParamSyncEngine | None:
+    def _engine(self, trainer: Any, pl_module: Any, *, need_optimizer: bool) -> ParamSyncEngine | None:
         """Find chunks and optimizer; (re)build the engine only when the chunks changed."""
-        chunks = self._chunks(trainer, pl_module)
-        key = tuple(id(c) for c in chunks)
-        if key != self._model_key:
-            self._model_key = key
-            self.engine = None
-            if self._inactive_reason:
-                log_rank_zero(
-                    logging.INFO,
-                    "MXFP8 param-sync plugin inactive: %s; nothing to do.",
-                    self._inactive_reason,
-                )
-                return None
-            self.engine, self._inactive_reason = bind_engine(
-                chunks, None, repair_alignment=self.repair_alignment, framework="Lightning"
-            )
+        if self._disabled():
+            return None
+        chunks, reason = self._chunks(trainer, pl_module)
+        self._bind(chunks, None, reason=reason)
         if self.engine is None:
             return None
         engine = self.engine
@@ -268,10 +231,6 @@ class MXFP8ParamSyncLightningCallback(Callback):
             )
         return engine
 
-    def _record(self, event: str, stats: SyncStats) -> None:
-        self.last_stats = stats
-        self.history.append((event, stats))
-
     # ------------------------------------------------------------------ set-up
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Strategies such as NeMo's wrap the model in DDP after the callbacks' setup, so nothing
@@ -281,16 +240,9 @@ class MXFP8ParamSyncLightningCallback(Callback):
         self._stepped = False
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        engine = self._bind(trainer, pl_module, need_optimizer=True)
+        engine = self._engine(trainer, pl_module, need_optimizer=True)
         if engine is not None:
-            check_job(
-                engine,
-                container=None,
-                plugin={"enabled": True, "repair_alignment": self.repair_alignment, "strict": self.strict},
-                validate=self.validate,
-                strict=self.strict,
-                owner="MXFP8ParamSyncLightningCallback",
-            )
+            self._check_job(engine)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Drop references to the model so a finished Trainer does not keep it alive through us.
@@ -316,7 +268,7 @@ class MXFP8ParamSyncLightningCallback(Callback):
         since staged values that are not gathered and re-zeroed become gradients.
         """
         engine = self.engine
-        if engine is None or not self.stage_for_nemo_steps or getattr(step, "forward_only", False):
+        if engine is None or not self.options.stage_for_nemo_steps or getattr(step, "forward_only", False):
             return
         if engine.stage_for_step():
             self._stepped = True
@@ -337,15 +289,16 @@ class MXFP8ParamSyncLightningCallback(Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         engine = self.engine
-        if engine is None or not self.refresh_at_train_end or engine.optimizer is None or not self._stepped:
+        if engine is None or not self.options.refresh_at_train_end or engine.optimizer is None:
             return
-        self._record("on_train_end", engine.refresh_weights())
+        if self._stepped:
+            self._record("on_train_end", engine.refresh_weights(gathered_fresh=False))
 
     # ------------------------------------------------------------------ validation / test
     def _before_eval(self, trainer: Any, pl_module: Any, event: str) -> None:
         engine = self.engine
         if engine is None:
-            engine = self._bind(trainer, pl_module, need_optimizer=False)
+            engine = self._engine(trainer, pl_module, need_optimizer=False)
         if engine is None:
             return
         if engine.optimizer is None:
@@ -394,4 +347,4 @@ class MXFP8ParamSyncLightningCallback(Callback):
         engine = self.engine
         if engine is None or engine.optimizer is None or not engine.overlap or not self._stepped:
             return
-        self._record(event, engine.before_save())
+        self._record(event, engine.refresh_for_save())

@@ -1,63 +1,76 @@
 """The plugin's options: one dataclass behind every entry point.
 
-``MXFP8ParamSyncCallback(...)``, ``MXFP8ParamSyncLightningCallback(...)``, a recipe's
-``mxfp8_plugin:`` section and ``check``'s schema all read :class:`PluginOptions`, so an option
-added here exists everywhere at once, with the same default and the same help text. Nothing in
-this module imports torch or a training framework: ``check`` reads it on a login node.
+``MXFP8ParamSyncCallback(options)``, ``MXFP8ParamSyncLightningCallback(options)``,
+``mxfp8_param_sync(model, optimizer, options)``, a recipe's ``mxfp8_plugin:`` section and
+``check``'s schema all read :class:`PluginOptions`, so an option added here exists everywhere at
+once, with the same default. Nothing in this module imports torch or a training framework:
+``check`` reads it on a login node.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PLUGIN_SECTION", "PluginOptions", "option_doc", "option_types"]
+from .errors import MXFP8ConfigError, MXFP8UsageError
+
+__all__ = ["PLUGIN_SECTION", "PluginOptions", "option_types"]
 
 #: The plugin's own section in a recipe YAML; split off before Bridge sees the rest.
 PLUGIN_SECTION = "mxfp8_plugin"
 
 
-def _opt(default: Any, doc: str, *, scope: str = "all") -> Any:
-    return field(default=default, metadata={"doc": doc, "scope": scope})
-
-
 @dataclass(frozen=True)
 class PluginOptions:
-    """How the plugin runs. Defaults are the safe choice on every release pair."""
+    """How the plugin runs. Defaults are the safe choice on every release pair.
 
-    #: Register the callback at all (a recipe can switch the plugin off; check's MX009 says
-    #: whether the installed release then trains on stale or polluted weights).
-    enabled: bool = _opt(True, "register the plugin's callback at all")
-    #: Raise on config-rule errors at train start instead of logging them.
-    strict: bool = _opt(True, "refuse to start when validation finds an error (false: log and go on)")
-    #: Check the config (Bridge ConfigContainer, else the live megatron-core configs) at train start.
-    validate: bool = _opt(True, "check the job's config at train start")
-    #: Rewrite bucket offsets that ignore the 64-element padding (defect A); False raises instead.
-    repair_alignment: bool = _opt(True, "rewrite wrong bucket offsets (defect A) at train start")
-    #: Stage main params ahead of a forced sync the loop is about to issue, so that the
-    #: framework's own all-gather collects weights (False: gather again at eval start).
-    prestage: bool = _opt(True, "stage main params before a forced sync the loop is about to issue")
-    #: Vote each step on SIGTERM / time-limit exit saves (Bridge's exit_signal_handler,
-    #: exit_duration_in_mins) and prepare the weights for them.
-    guard_exit_saves: bool = _opt(
-        True, "prepare the weights for SIGTERM / time-limit exit saves (Bridge)", scope="bridge"
-    )
-    #: Make the weights current after the training loop, for export or test after train().
-    refresh_at_train_end: bool = _opt(True, "make the weights current after the training loop")
-    #: Stage main params at NeMo's on_megatron_microbatches_start (Lightning/NeMo 2 only).
-    stage_for_nemo_steps: bool = _opt(
-        True, "stage main params at NeMo's microbatch start (Lightning)", scope="lightning"
-    )
-    #: Data-parallel size the job runs with; only for check's padding rule (MX008).
-    dp_size: int | None = _opt(None, "data-parallel size the job will run with, for the padding check")
+    An option that names one framework is read only by that framework's entry point (the others
+    have no such event); every other option is honoured by all three.
+    """
+
+    enabled: bool = True
+    """Run the plugin at all. ``False`` makes every entry point inert (no engine, no hook does
+    anything; one rank-zero log line), and ``callbacks_from_recipe`` returns no callback; check's
+    MX009 says whether the installed release then trains on stale or polluted weights."""
+
+    strict: bool = True
+    """Refuse to start when the train-start config check finds an error (``False``: log it and go on)."""
+
+    validate: bool = True
+    """Check the job's config at train start: Bridge's ``ConfigContainer`` when there is one, else
+    the live megatron-core configs the chunks and the distributed optimizer run with."""
+
+    repair_alignment: bool = True
+    """Rewrite bucket offsets that ignore the 64-element padding (defect A) at train start;
+    ``False`` raises on a wrong offset instead."""
+
+    prestage: bool = True
+    """Stage main params ahead of a forced sync the loop is about to issue, so the framework's own
+    all-gather collects weights (``False``: gather again at eval start, one extra all-gather per
+    eval). Bridge only: the other loops announce no forced sync in advance."""
+
+    guard_exit_saves: bool = True
+    """Bridge only: with ``exit_signal_handler`` or ``exit_duration_in_mins`` on, vote each step
+    (one 1-element all-reduce) on whether an exit save may follow, and prepare the weights for it.
+    ``False``: such saves may hold gradients (core 0.18/0.19 with Bridge < 0.6) or the previous
+    step's weights (core < 0.18)."""
+
+    refresh_at_train_end: bool = True
+    """Make the weights current after the training loop, for export or test after training."""
+
+    stage_for_nemo_steps: bool = True
+    """Lightning only: stage main params at NeMo 2's ``on_megatron_microbatches_start``, since
+    NeMo never stages them itself. Turn off only for a Lightning loop that stages them."""
+
+    dp_size: int | None = None
+    """Data-parallel size the job will run with; read only by check's padding rule (MX008)."""
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> PluginOptions:
         """Strict: an unknown option or a wrongly typed value is an error, not a silent default."""
-        from .config.schema import suggest, type_problem
-        from .errors import MXFP8ConfigError
+        from ._yamltypes import suggest, type_problem
 
         data = dict(data or {})
         types = option_types()
@@ -74,7 +87,16 @@ class PluginOptions:
         return cls(**data)
 
     def replace(self, **changes: Any) -> PluginOptions:
-        """These options with the given ones changed; ``None`` values mean "keep"."""
+        """These options with the given ones changed; ``None`` values mean "keep".
+
+        The one path by which every entry point's keyword overrides reach its options; an unknown
+        name is a usage error rather than a silently ignored keyword.
+        """
+        unknown = sorted(set(changes) - set(option_types()))
+        if unknown:
+            raise MXFP8UsageError(
+                f"not a plugin option: {', '.join(unknown)} (options: {', '.join(option_types())})"
+            )
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def as_mapping(self) -> dict[str, Any]:
@@ -85,11 +107,3 @@ def option_types() -> dict[str, Any]:
     """Option name -> type, for the ``mxfp8_plugin:`` section's schema."""
     hints = {"bool": bool, "int | None": int | None}
     return {f.name: hints[str(f.type)] for f in dataclasses.fields(PluginOptions)}
-
-
-def option_doc(name: str) -> str:
-    """The one-line help of an option (the same text everywhere it is shown)."""
-    for f in dataclasses.fields(PluginOptions):
-        if f.name == name:
-            return str(f.metadata["doc"])
-    raise KeyError(name)

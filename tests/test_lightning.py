@@ -149,8 +149,8 @@ def test_callback_is_a_picklable_lightning_callback():
     cb.engine = SimpleNamespace(lock=lambda: None)  # runtime state must not travel
     cb.history.append(("x", None))
     clone = pickle.loads(pickle.dumps(cb))
-    assert clone.engine is None and clone.history == []
-    assert clone.model_getter is _getter and clone.repair_alignment is False
+    assert clone.engine is None and not clone.history
+    assert clone.model_getter is _getter and clone.options.repair_alignment is False
     with pytest.raises(MXFP8UsageError, match="keeps no state"):
         cb.load_state_dict({"stale": 1})
 
@@ -211,7 +211,7 @@ def test_inactive_run_is_a_noop_with_a_message(caplog):
         cb.on_fit_start(SimpleNamespace(optimizers=[]), None)
         cb.on_validation_start(SimpleNamespace(optimizers=[]), None)
         cb.on_train_batch_start(None, None, None, 0)
-    assert cb.engine is None and cb.history == []
+    assert cb.engine is None and not cb.history
     assert "inactive" in caplog.text and "reuse_grad_buf_for_mxfp8_param_ag" in caplog.text
 
 
@@ -263,7 +263,7 @@ def test_discovery_unwraps_attribute_forwarding_wrappers():
     assert found == ddps and fsdp == []
     cb = MXFP8ParamSyncLightningCallback()
     trainer = SimpleNamespace(strategy=SimpleNamespace(model=parallel), optimizers=[])
-    assert cb._chunks(trainer, None) == ddps
+    assert cb._chunks(trainer, None) == (ddps, None)
     # A model_getter that returns the wrappers (e.g. iterating MegatronParallel) is unwrapped too.
     cb = MXFP8ParamSyncLightningCallback(model_getter=lambda t, m: list(parallel))
-    assert cb._chunks(trainer, None) == ddps
+    assert cb._chunks(trainer, None) == (ddps, None)

@@ -482,7 +482,7 @@ def _misuse_checks() -> dict[str, str]:
             getattr(cb, event)(ctx(model, optimizer))
         for event in ("on_eval_start", "on_eval_end", "on_train_end"):
             getattr(cb, event)(ctx(model))
-        return f"engine={cb.engine!r} reason={cb._inactive_reason}"
+        return f"engine={cb.engine!r} reason={cb.inactive_reason}"
 
     out["plain_module"] = _outcome(lambda: drive([plain], job.optimizer))
     torch_ddp = torch.nn.parallel.DistributedDataParallel(ToyModel(replace(case.toy, reference=True)))

@@ -1,0 +1,127 @@
+"""One options contract for the three entry points (Bridge callback, Lightning callback, loop API).
+
+Single process: a duck-typed megatron-core DDP chunk in the affected mode (reuse + distributed
+optimizer + overlap, no buckets) is enough for an entry point to build its engine, so each
+``enabled=False`` test has a control in which the same calls do build one and record events.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback, MXFP8UsageError, PluginOptions, mxfp8_param_sync
+
+BRIDGE_HOOKS = (
+    "on_train_start",
+    "on_train_step_start",
+    "on_train_step_end",
+    "on_eval_start",
+    "on_eval_end",
+    "on_test_start",
+    "on_test_end",
+    "on_checkpoint_save",
+    "on_train_end",
+)
+
+
+class _Chunk:
+    """Duck-types megatron-core DDP in reuse mode with no buckets (nothing to copy or gather)."""
+
+    def __init__(self) -> None:
+        self.ddp_config = SimpleNamespace(
+            reuse_grad_buf_for_mxfp8_param_ag=True, use_distributed_optimizer=True, overlap_param_gather=True
+        )
+        self.buffers: list = []
+        self.bucket_groups: list = []
+
+
+def _disabled_lines(caplog) -> int:
+    return sum("disabled" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+def test_bridge_callback_is_inert_when_disabled(caplog, enabled):
+    cb = MXFP8ParamSyncCallback(PluginOptions(enabled=enabled))
+    context = SimpleNamespace(model=[_Chunk()], optimizer=None, state=None)
+    with caplog.at_level(logging.INFO, logger="mbridge_mxfp8_plugin"):
+        for hook in BRIDGE_HOOKS * 2:
+            getattr(cb, hook)(context)
+    if enabled:  # control: the same hooks build an engine and record the evals
+        assert cb.engine is not None and cb.history and _disabled_lines(caplog) == 0
+    else:
+        assert cb.engine is None and not cb.history and cb.inactive_reason is None
+        assert _disabled_lines(caplog) == 1 and "active" not in caplog.text.replace("inactive", "")
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+def test_lightning_callback_is_inert_when_disabled(caplog, enabled):
+    pytest.importorskip("lightning")
+    from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
+
+    chunk = _Chunk()
+    cb = MXFP8ParamSyncLightningCallback(PluginOptions(enabled=enabled), model_getter=lambda t, m: [chunk])
+    trainer = SimpleNamespace(optimizers=[], max_steps=-1)
+    with caplog.at_level(logging.INFO, logger="mbridge_mxfp8_plugin"):
+        for _ in range(2):
+            cb.on_validation_start(trainer, None)
+            cb.on_validation_end(trainer, None)
+            cb.on_train_batch_start(trainer, None, None, 0)
+            cb.on_megatron_microbatches_start()
+            cb.on_train_batch_end(trainer, None, None, None, 0)
+            cb.on_train_end(trainer, None)
+    if enabled:
+        assert cb.engine is not None and cb.history and _disabled_lines(caplog) == 0
+        # The fit-start check refuses a job without a Megatron optimizer ...
+        with pytest.raises(MXFP8UsageError, match="no Megatron optimizer"):
+            cb.on_fit_start(trainer, None)
+    else:
+        # ... which a disabled callback never looks for.
+        cb.on_fit_start(trainer, None)
+        assert cb.engine is None and not cb.history and _disabled_lines(caplog) == 1
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+def test_loop_api_is_inert_when_disabled(caplog, enabled):
+    chunk = _Chunk()
+    with caplog.at_level(logging.INFO, logger="mbridge_mxfp8_plugin"):
+        sync = mxfp8_param_sync(chunk, None, PluginOptions(enabled=enabled))
+        calls = [sync.step_started, sync.before_eval, sync.after_eval, sync.before_save]
+        # close() refreshes from the optimizer's main params, which this control job lacks.
+        notes = [call().note for call in calls + ([] if enabled else [sync.close])]
+    if enabled:
+        assert sync.engine is not None and "inactive" not in notes
+    else:
+        assert sync.engine is None and sync.inactive_reason == "enabled=False"
+        assert set(notes) <= {"inactive", "nothing to prepare", "nothing to refresh"}
+        assert _disabled_lines(caplog) == 1
+
+
+def test_lightning_callback_takes_options_first_and_positionally():
+    pytest.importorskip("lightning")
+    from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
+
+    options = PluginOptions(repair_alignment=False, stage_for_nemo_steps=False)
+    assert MXFP8ParamSyncLightningCallback(options).options == options
+    assert MXFP8ParamSyncCallback(options).options == options
+    # Keyword overrides take one path in every entry point, and unknown names are refused.
+    cb = MXFP8ParamSyncLightningCallback(options, strict=False)
+    assert cb.options == PluginOptions(repair_alignment=False, stage_for_nemo_steps=False, strict=False)
+    with pytest.raises(MXFP8UsageError, match="not a plugin option: stage_for_nemo"):
+        MXFP8ParamSyncLightningCallback(stage_for_nemo=False)
+    with pytest.raises(MXFP8UsageError, match="takes a PluginOptions"):
+        MXFP8ParamSyncCallback({"enabled": False})
+
+
+def test_loop_api_refuses_different_options_for_the_same_chunks():
+    chunk = _Chunk()
+    first = mxfp8_param_sync([chunk], None, PluginOptions(validate=False))
+    # The documented second call (save_checkpoint_and_time) names no options: the same object.
+    assert mxfp8_param_sync([chunk], None) is first
+    assert mxfp8_param_sync([chunk], None, PluginOptions(validate=False)) is first
+    with pytest.raises(MXFP8UsageError, match="already set up for these model chunks"):
+        mxfp8_param_sync([chunk], None, PluginOptions(validate=False, strict=False))
+    with pytest.raises(MXFP8UsageError, match="already set up for these model chunks"):
+        mxfp8_param_sync([chunk], None, validate=True)
