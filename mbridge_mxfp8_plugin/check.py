@@ -77,19 +77,16 @@ def run_check(
     from .config.validate import validate_config
 
     try:
-        report = validate_config(recipe_input.data, dp_size=dp_size, strict=False, installed=installed)
+        report = validate_config(
+            recipe_input.data,
+            dp_size=dp_size,
+            strict=False,
+            installed=installed,
+            skipped=recipe_input.not_checked(),
+        )
     except MXFP8PluginError as exc:  # pragma: no cover - read_config raises only for programming errors
         _emit_unreadable(str(exc), as_json, out, err)
         return EXIT_UNREADABLE
-    for key, expr in recipe_input.base_refs.items():
-        what = (
-            "keeps the base recipe's value (or give it on the command line)"
-            if expr == "???"
-            else "an interpolation into the base recipe (not in this file)"
-        )
-        report.skipped.append(f"{key} = {expr}: {what}")
-    for key in recipe_input.base_deletions:
-        report.skipped.append(f"~{key}: deletes a key of the base recipe (not in this file)")
     if as_json:
         payload = report.as_dict()
         payload["recipe"] = recipe

@@ -126,7 +126,10 @@ def test_recipe_names_come_from_the_installed_registry(tmp_path):
 
 # --------------------------------------------------------------------------- interpolations
 def test_interpolation_into_the_base_is_not_checked_not_an_error():
-    code, out, err = _run(DATA / "interpolation_base.yaml", dp_size=8, fail_on_warning=True)
+    # the file states no plugin section (MX009 would warn): the override adds it
+    code, out, err = _run(
+        DATA / "interpolation_base.yaml", ["+mxfp8_plugin.enabled=true"], dp_size=8, fail_on_warning=True
+    )
     assert code == 0, out + err
     assert "not checked: dataset.sequence_length = ${model.seq_length}" in out
     # resolved inside the file: ddp.overlap_param_gather -> optimizer's true
@@ -140,7 +143,8 @@ def test_missing_value_keeps_the_base_value_and_is_not_checked():
     assert code == 0 and "Traceback" not in out + err
     assert "not checked: checkpoint.save = ???: keeps the base recipe's value" in out
     assert "ddp.overlap_param_gather is ??? (the base recipe's value is kept)" in out  # MX013
-    code, out, _ = _run(DATA / "missing_value.yaml", ["ddp.overlap_param_gather=true"], fail_on_warning=True)
+    overrides = ["ddp.overlap_param_gather=true", "+mxfp8_plugin.enabled=true"]
+    code, out, _ = _run(DATA / "missing_value.yaml", overrides, fail_on_warning=True)
     assert code == 0, out
 
 

@@ -130,7 +130,7 @@ def test_one_options_type_for_every_entry_point():
     still work and win over ``options``."""
     import dataclasses
 
-    from mbridge_mxfp8_plugin.config.schema import plugin_fields
+    from mbridge_mxfp8_plugin.options import option_types as plugin_fields
 
     names = {f.name for f in dataclasses.fields(PluginOptions)}
     assert set(plugin_fields()) == names

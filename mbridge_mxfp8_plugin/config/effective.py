@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._yamltypes import yaml_literal
 from ..probes.stack import InstalledStack
 from .schema import MP_OWNED_KNOBS
-from .view import UNKNOWN, ConfigView, Val, yaml_scalar
+from .view import UNKNOWN, ConfigView, Val
 
 __all__ = ["EffectiveConfig"]
 
@@ -106,7 +107,7 @@ class EffectiveConfig:
             stated = self.view.raw(sec, knob) if knob else Val(UNKNOWN, where)
             if stated.known:
                 return (
-                    f"is stated {yaml_scalar(stated.value)}, but comm_overlap overwrites it with a "
+                    f"is stated {yaml_literal(stated.value)}, but comm_overlap overwrites it with a "
                     f"default that depends on dp_size (pass --dp-size, or state {v.path})"
                 )
             return f"is set by comm_overlap from dp_size (pass --dp-size, or state {v.path})"

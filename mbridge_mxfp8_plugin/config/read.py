@@ -67,6 +67,21 @@ class RecipeInput:
     #: ``~key`` overrides of keys this file does not have (they delete from the base recipe)
     base_deletions: list[str] = field(default_factory=list)
 
+    def not_checked(self) -> list[str]:
+        """What the base recipe decides, for the report's "not checked" lines."""
+        lines = [
+            f"{key} = {expr}: "
+            + (
+                "keeps the base recipe's value (or give it on the command line)"
+                if expr == MISSING
+                else "an interpolation into the base recipe (not in this file)"
+            )
+            for key, expr in self.base_refs.items()
+        ]
+        return lines + [
+            f"~{key}: deletes a key of the base recipe (not in this file)" for key in self.base_deletions
+        ]
+
 
 def _fail(path: Path, cause: str) -> RecipeError:
     return RecipeError(f"{path}: {cause}")

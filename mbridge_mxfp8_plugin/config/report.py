@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import yaml
 
+from .._yamltypes import yaml_literal
 from ..errors import MXFP8ConfigError
 from .view import UNKNOWN
 
@@ -172,12 +173,6 @@ class ConfigValidationError(MXFP8ConfigError):
 
 def _indent(text: str, n: int) -> str:
     return "\n".join(" " * n + line for line in text.splitlines())
-
-
-def yaml_literal(value: Any) -> str:
-    """A value as the user wrote it in YAML (``true``, ``null``), not as Python prints it."""
-    text = yaml.safe_dump(_jsonable(value), default_flow_style=True).strip()
-    return text.removesuffix("...").strip()
 
 
 def _clip(text: str, n: int) -> str:

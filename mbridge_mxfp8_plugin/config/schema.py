@@ -1,4 +1,4 @@
-"""What Megatron-Bridge accepts, written down, and how a YAML value is judged against a type.
+"""What Megatron-Bridge accepts, written down (the facts a check needs when its files cannot say).
 
 Megatron-Bridge cannot be imported without Transformer Engine, and importing torch plus
 megatron-core costs seconds; a validator that needs the training stack to tell a user their YAML
@@ -9,13 +9,10 @@ has a typo is useless on a login node. The Bridge facts below were read from the
 
 from __future__ import annotations
 
-import difflib
-import types
-import typing
-from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..options import PLUGIN_SECTION, option_types
+from .._yamltypes import DTYPE
+from ..options import PLUGIN_SECTION
 
 __all__ = [
     "CONFIG_SECTIONS",
@@ -24,13 +21,7 @@ __all__ = [
     "MP_OWNED_KNOBS",
     "PLUGIN_SECTION",
     "HYDRA_KEYS",
-    "plugin_fields",
-    "describe_type",
-    "closest",
-    "example_value",
     "normalize_recipe_name",
-    "suggest",
-    "type_problem",
 ]
 
 #: ``ConfigContainer`` fields, union over Bridge 0.3.1 ... 0.6.2 (``validation`` from 0.4,
@@ -70,9 +61,9 @@ MIXED_PRECISION_FIELDS: dict[str, Any] = {
     "fp32": bool,
     "fp16": bool,
     "bf16": bool,
-    "params_dtype": "dtype?",
-    "pipeline_dtype": "dtype?",
-    "autocast_dtype": "dtype?",
+    "params_dtype": DTYPE,
+    "pipeline_dtype": DTYPE,
+    "autocast_dtype": DTYPE,
     "autocast_enabled": bool,
     "grad_reduce_in_fp32": bool,
     "fp8": str | None,
@@ -150,11 +141,6 @@ MP_OWNED_KNOBS: dict[str, tuple[str, ...]] = {
     "fp8_param": ("model",),
 }
 
-def plugin_fields() -> dict[str, Any]:
-    """The ``mxfp8_plugin:`` section's schema: :class:`~..options.PluginOptions`' fields."""
-    return option_types()
-
-
 #: Extra ``ddp`` fields Bridge's subclass adds on top of megatron-core's (Bridge >= 0.5).
 BRIDGE_DDP_EXTRA: dict[str, Any] = {"param_name_patterns_for_fp32_local_accumulation": list | None}
 
@@ -186,91 +172,5 @@ def normalize_recipe_name(name: str) -> str:
     return name.replace("-", "_")
 
 
-def closest(word: str, choices: Iterable[object]) -> str | None:
-    """The closest valid name, for typos (``dpp`` -> ``ddp``)."""
-    close = difflib.get_close_matches(word, sorted(str(c) for c in choices), n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def suggest(word: str, choices: Iterable[object]) -> str:
-    """' (did you mean X?)' for a close match, else ''."""
-    close = closest(word, choices)
-    return f" (did you mean {close!r}?)" if close else ""
-
-
-def example_value(annotation: Any) -> str:
-    """A YAML literal of the right type, for fix snippets."""
-    if annotation == "dtype?":
-        return "bfloat16"
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and args:
-        return example_value(args[0])
-    return {bool: "true  # or false, unquoted", int: "1", float: "1.0", str: "name"}.get(annotation, "...")
-
-
 #: Hydra's reserved keys in a ``_target_`` section: consumed by instantiate(), not fields.
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_", "_call_"})
-
-
-def describe_type(annotation: Any) -> str:
-    """A short human name for an annotation, for 'expected ...' messages."""
-    if annotation == "dtype?":
-        return "a torch dtype name such as 'bfloat16', or null"
-    args = typing.get_args(annotation)
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        names = [describe_type(a) for a in args if a is not type(None)]
-        optional = type(None) in args
-        return " or ".join(names) + (" or null" if optional else "")
-    if annotation is bool:
-        return "a boolean (true/false)"
-    if annotation is int:
-        return "an integer"
-    if annotation is float:
-        return "a number"
-    if annotation is str:
-        return "a string"
-    name = getattr(annotation, "__name__", None) or str(annotation)
-    return f"a {name}"
-
-
-def type_problem(value: Any, annotation: Any) -> str | None:
-    """``None`` if ``value`` fits ``annotation`` as YAML can express it, else the expectation.
-
-    Strict where it matters: ``1`` or ``"true"`` is not a boolean (a quoted ``"false"`` is truthy
-    in Python and would silently turn a knob *on*), ``true`` is not an integer.
-    """
-    if annotation is Any or annotation is None:
-        return None
-    if annotation == "dtype?":
-        from .installed import dtype_name_problem
-
-        return dtype_name_problem(value)
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        if any(type_problem(value, a) is None for a in args):
-            return None
-        return describe_type(annotation)
-    if origin is typing.Literal:
-        return None if value in args else "one of " + ", ".join(repr(a) for a in args)
-    if annotation is type(None):
-        return None if value is None else "null"
-    if annotation is bool:
-        return None if isinstance(value, bool) else describe_type(bool)
-    if annotation is int:
-        # Hydra and OmegaConf read ``4e7`` as a float; Bridge sets it as is and megatron-core only
-        # compares it, so an integral float is accepted where an integer is expected.
-        integral = isinstance(value, float) and value.is_integer()
-        ok = (isinstance(value, int) and not isinstance(value, bool)) or integral
-        return None if ok else describe_type(int)
-    if annotation is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return None if ok else describe_type(float)
-    if annotation is str:
-        return None if isinstance(value, str) else describe_type(str)
-    if origin in (list, tuple) or annotation in (list, tuple):
-        return None if isinstance(value, (list, tuple)) else "a list"
-    if origin is dict or annotation is dict:
-        return None if isinstance(value, Mapping) else "a mapping"
-    return None  # callables, enums, nested configs: not something a YAML knob check can judge

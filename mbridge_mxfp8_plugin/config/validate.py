@@ -15,6 +15,7 @@ model); the adapters' train-start check is :mod:`.live_check`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ..probes.stack import InstalledStack
@@ -45,6 +46,7 @@ def validate_config(
     dp_size: int | None = None,
     strict: bool = True,
     installed: InstalledStack | None = None,
+    skipped: Iterable[str] = (),
 ) -> ValidationReport:
     """Run every rule; with ``strict`` raise :class:`ConfigValidationError` listing all errors.
 
@@ -54,14 +56,19 @@ def validate_config(
     ``ddp=`` / ``optimizer=`` / ``model=`` instead. ``plugin`` (mapping or PluginOptions) describes
     how the plugin will be configured when ``cfg`` carries no ``mxfp8_plugin`` section.
     ``dp_size`` enables the padding rule; ``installed`` replaces the probe of the installed
-    release pair (for tests, or to check a config for another cluster).
+    release pair (for tests, or to check a config for another cluster). ``skipped`` lists what
+    the caller knows was not checked (e.g. :meth:`.read.RecipeInput.not_checked`).
     """
     view = read_config(cfg, ddp=ddp, optimizer=optimizer, model=model, plugin=plugin)
     stack = installed if installed is not None else InstalledStack.detect()
     dp = dp_size if dp_size is not None else view.data_parallel_size
     results = run_rules(EffectiveConfig(view, dp, stack))
     report = ValidationReport(
-        kind=view.kind, results=results, dp_size=dp, installed=stack.describe(), skipped=list(view.skipped)
+        kind=view.kind,
+        results=results,
+        dp_size=dp,
+        installed=stack.describe(),
+        skipped=[*view.skipped, *skipped],
     )
     if strict and not report.ok:
         raise ConfigValidationError(report)

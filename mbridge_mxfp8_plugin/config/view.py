@@ -26,10 +26,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import yaml
-
-from ..options import PluginOptions
-from .installed import bridge_facts, core_default, core_fields
+from .._yamltypes import closest, example_value, suggest, type_problem, yaml_literal
+from ..errors import MXFP8UsageError
+from ..options import PLUGIN_SECTION, PluginOptions, option_types
+from .installed import (
+    bridge_facts,
+    container_sections,
+    core_default,
+    core_fields,
+    dtype_name_problem,
+    section_fields,
+)
 from .read import BaseRef
 from .schema import (
     COMM_OVERLAP_KNOBS,
@@ -39,18 +46,14 @@ from .schema import (
     MIXED_PRECISION_FIELDS,
     MIXED_PRECISION_RECIPES,
     MODEL_KNOBS,
-    PLUGIN_SECTION,
-    closest,
-    example_value,
     normalize_recipe_name,
-    plugin_fields,
-    suggest,
-    type_problem,
 )
 
-__all__ = ["UNKNOWN", "ConfigView", "InputIssue", "Val", "read_config", "yaml_scalar"]
+__all__ = ["UNKNOWN", "ConfigView", "InputIssue", "IssueKind", "Val", "read_config"]
 
 Kind = Literal["recipe", "bridge", "mcore"]
+#: What is wrong with the input itself; the rules (:mod:`.rules.inputs`) give each kind its id.
+IssueKind = Literal["unknown_key", "wrong_type", "unknown_recipe"]
 
 
 class _Unknown:
@@ -104,7 +107,7 @@ class Val:
 class InputIssue:
     """A problem with the input itself: unknown key, wrong type, unknown recipe name."""
 
-    rule: str
+    kind: IssueKind
     knob: str
     value: Any
     message: str
@@ -163,8 +166,8 @@ def _unquoted(value: Any, annotation: Any) -> str | None:
             parsed = parse(text)
         except (KeyError, ValueError):
             continue
-        if type_problem(parsed, annotation) is None:
-            return f"{yaml_scalar(parsed)}  # unquoted" if kind is not bool else f"{yaml_scalar(parsed)}"
+        if type_problem(parsed, annotation, dtype_name_problem) is None:
+            return f"{yaml_literal(parsed)}  # unquoted" if kind is not bool else yaml_literal(parsed)
     return None
 
 
@@ -177,7 +180,7 @@ def _issue_type(view: ConfigView, path: str, value: Any, expected: str, annotati
     )
     view.issues.append(
         InputIssue(
-            "MX102",
+            "wrong_type",
             path,
             value,
             f"{path} must be {expected}, got {value!r} ({type(value).__name__})",
@@ -187,7 +190,7 @@ def _issue_type(view: ConfigView, path: str, value: Any, expected: str, annotati
 
 
 def _check_value(view: ConfigView, section: str, key: str, value: Any, annotation: Any) -> bool:
-    problem = type_problem(value, annotation)
+    problem = type_problem(value, annotation, dtype_name_problem)
     if problem is not None:
         _issue_type(view, f"{section}.{key}", value, problem, annotation)
         return False
@@ -201,24 +204,30 @@ def _unknown_fix(section: str | None, key: str, choices: Iterable[object], value
         return f"# remove {where}"
     if section is None:
         return f"# rename section {key}: to {near}:"
-    literal = (
-        "..."
-        if isinstance(value, (dict, list))
-        else yaml.safe_dump(value).strip().removesuffix("...").strip()
-    )
+    literal = "..." if isinstance(value, (dict, list)) else yaml_literal(value)
     return f"{section}:\n  {near}: {literal}  # was {key}"
 
 
-def yaml_scalar(value: Any) -> str:
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    return str(value)
+def _unknown_key_message(name: str, key: str, schema: Mapping[str, Any], owner: str | None) -> str:
+    path = f"{name}.{key}"
+    if name == PLUGIN_SECTION:
+        return (
+            f"{path} is not an option of the plugin{suggest(key, schema)}: the plugin refuses the "
+            f"section (options: {', '.join(schema)})"
+        )
+    return f"{path} is not a field of {owner or name} in the installed release{suggest(key, schema)}"
 
 
 def _read_mapping_section(
-    view: ConfigView, name: str, data: Any, schema: Mapping[str, Any] | None, knobs: Mapping[str, Any] | None
+    view: ConfigView,
+    name: str,
+    data: Any,
+    schema: Mapping[str, Any] | None,
+    knobs: Mapping[str, Any] | None,
+    owner: str | None = None,
 ) -> None:
-    """Keep the section's values; check keys against ``schema`` and types of ``schema``/``knobs``.
+    """Keep the section's values; check keys against ``schema`` (the fields of ``owner``) and
+    types of ``schema``/``knobs``.
 
     A ``_target_`` section is instantiated by Bridge from the merged mapping (base recipe's
     fields plus these), so its keys are the class's fields and Hydra's own keys are not knobs.
@@ -239,11 +248,10 @@ def _read_mapping_section(
         if schema is not None and key not in schema:
             view.issues.append(
                 InputIssue(
-                    "MX101",
+                    "unknown_key",
                     f"{name}.{key}",
                     value,
-                    f"{name}.{key} is not a field of {name} in the installed release{suggest(key, schema)}; "
-                    "Megatron-Bridge would skip it with only a log warning",
+                    _unknown_key_message(name, key, schema, owner),
                     _unknown_fix(name, key, schema, value),
                 )
             )
@@ -258,6 +266,18 @@ def _read_mapping_section(
             continue
         kept[key] = value
     view.sections[name] = kept
+
+
+def _read_bridge_section(view: ConfigView, name: str, data: Any, knobs: Mapping[str, Any] | None) -> None:
+    """A section whose keys are the fields of the class the installed Bridge builds it as."""
+    target = str(data["_target_"]) if isinstance(data, Mapping) and "_target_" in data else None
+    found = section_fields(name, target)
+    schema: dict[str, Any] | None = None
+    if found.fields is not None:
+        schema = {**dict.fromkeys(found.fields, Any), **(knobs or {})}
+    elif isinstance(data, Mapping) and data:
+        view.skipped.append(f"{name}.* keys not checked: {found.why}")
+    _read_mapping_section(view, name, data, schema, knobs, found.owner)
 
 
 def _recipe_names(view: ConfigView) -> frozenset[str] | None:
@@ -283,7 +303,7 @@ def _read_recipe_name(view: ConfigView, value: str, path: str) -> None:
         where = f" (installed: {facts.version})" if facts and facts.version else ""
         view.issues.append(
             InputIssue(
-                "MX103",
+                "unknown_recipe",
                 path,
                 value,
                 f"{path}={value!r} is not a Megatron-Bridge mixed-precision recipe{where}"
@@ -318,7 +338,7 @@ def _read_mixed_precision(view: ConfigView, value: Any, *, from_object: bool) ->
             if extra:
                 view.issues.append(
                     InputIssue(
-                        "MX101",
+                        "unknown_key",
                         f"mixed_precision.{extra[0]}",
                         value[extra[0]],
                         f"mixed_precision._target_ {target} is a recipe function that takes no "
@@ -354,9 +374,17 @@ def _read_plugin(view: ConfigView, data: Any) -> None:
         _issue_type(view, PLUGIN_SECTION, data, "a mapping of plugin options")
         return
     view.plugin_stated = True
-    schema = plugin_fields()
-    _read_mapping_section(view, PLUGIN_SECTION, data, schema, None)
+    _read_mapping_section(view, PLUGIN_SECTION, data, option_types(), None)
     view.plugin.update(view.sections.pop(PLUGIN_SECTION, {}))
+
+
+#: Sections read with the knobs the rules need (their types checked); every other section is
+#: key-checked only. ``ddp``/``optimizer`` are megatron-core's classes, typed field by field.
+_KNOB_SECTIONS: dict[str, Mapping[str, Any]] = {
+    "model": MODEL_KNOBS,
+    "dist": DIST_KNOBS,
+    "comm_overlap": COMM_OVERLAP_KNOBS,
+}
 
 
 def _read_recipe(data: Mapping[str, Any], plugin: Any) -> ConfigView:
@@ -365,24 +393,27 @@ def _read_recipe(data: Mapping[str, Any], plugin: Any) -> ConfigView:
         view.skipped.append("ddp/optimizer keys not checked: megatron-core is not installed here")
     if bridge_facts() is None:
         _recipe_names(view)
+    sections = frozenset(container_sections() or CONFIG_SECTIONS) | {PLUGIN_SECTION}
     for key in data:
-        if str(key) not in CONFIG_SECTIONS and key != PLUGIN_SECTION:
+        if str(key) not in sections:
             view.issues.append(
                 InputIssue(
-                    "MX101",
+                    "unknown_key",
                     str(key),
                     "<section>",
                     f"{key!s} is not a section of Megatron-Bridge's ConfigContainer"
-                    f"{suggest(str(key), CONFIG_SECTIONS | {PLUGIN_SECTION})}; Bridge would ignore it",
-                    _unknown_fix(None, str(key), CONFIG_SECTIONS | {PLUGIN_SECTION}, None),
+                    f"{suggest(str(key), sections)}; Bridge would ignore it",
+                    _unknown_fix(None, str(key), sections, None),
                 )
             )
     _read_mapping_section(view, "ddp", data.get("ddp"), core_fields("ddp"), dict.fromkeys(DDP_KNOBS))
     _read_mapping_section(view, "optimizer", data.get("optimizer"), core_fields("optimizer"), None)
-    _read_mapping_section(view, "model", data.get("model"), None, MODEL_KNOBS)
-    _read_mapping_section(view, "dist", data.get("dist"), None, DIST_KNOBS)
-    if "comm_overlap" in data:
-        _read_mapping_section(view, "comm_overlap", data.get("comm_overlap"), None, COMM_OVERLAP_KNOBS)
+    for name in ("model", "dist"):  # always read: the rules ask for their knobs
+        _read_bridge_section(view, name, data.get(name), _KNOB_SECTIONS[name])
+    special = {"ddp", "optimizer", "model", "dist", "mixed_precision", PLUGIN_SECTION}
+    for name in data:
+        if str(name) in sections and str(name) not in special:
+            _read_bridge_section(view, str(name), data[name], _KNOB_SECTIONS.get(str(name)))
     if "mixed_precision" in data:
         view.mp_stated = True
         _read_mixed_precision(view, data["mixed_precision"], from_object=False)
@@ -426,8 +457,6 @@ def read_config(
     cfg: Any, *, ddp: Any = None, optimizer: Any = None, model: Any = None, plugin: Any = None
 ) -> ConfigView:
     """Classify ``cfg`` and read the knobs the rules need. See the module docstring for kinds."""
-    from ..errors import MXFP8UsageError
-
     objects = [o for o in (ddp, optimizer, model) if o is not None]
     if cfg is not None and objects:
         raise MXFP8UsageError("pass either cfg or ddp=/optimizer=/model=, not both")

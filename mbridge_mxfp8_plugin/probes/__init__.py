@@ -8,6 +8,7 @@ reader. Nothing here imports torch or megatron-core at import time.
 
 from __future__ import annotations
 
+from ._source import module_file
 from .bridge import BridgeLoopBehaviour, bridge_training_dir, probe_bridge_files, probe_live_loop
 from .core import CoreBehaviour, core_package_dir, probe_bucket_offsets, probe_core, probe_core_files
 from .stack import InstalledStack
@@ -21,6 +22,7 @@ __all__ = [
     "core_package_dir",
     "installed_version",
     "installed_versions",
+    "module_file",
     "probe_bridge_files",
     "probe_bucket_offsets",
     "probe_core",

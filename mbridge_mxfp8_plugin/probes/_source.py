@@ -10,19 +10,35 @@ import importlib.util
 import re
 from pathlib import Path
 
-__all__ = ["block", "init_signature", "megatron_subdir", "read_text"]
+__all__ = ["block", "init_signature", "megatron_subdir", "module_file", "read_text"]
+
+
+def _megatron_roots() -> list[Path]:
+    try:
+        spec = importlib.util.find_spec("megatron")
+    except (ImportError, ValueError):
+        return []
+    return [Path(loc) for loc in (spec.submodule_search_locations or [])] if spec else []
 
 
 def megatron_subdir(sub: str, marker: str) -> Path | None:
     """``megatron/<sub>`` of the first installed copy that holds ``<sub>/<marker>``."""
-    try:
-        spec = importlib.util.find_spec("megatron")
-    except (ImportError, ValueError):
+    for root in _megatron_roots():
+        if (root / sub / marker).is_file():
+            return root / sub
+    return None
+
+
+def module_file(dotted: str) -> Path | None:
+    """The source file of an installed ``megatron.*`` module (a package's ``__init__.py``)."""
+    head, *parts = dotted.split(".")
+    if head != "megatron" or not parts:
         return None
-    for loc in list(spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(loc) / sub
-        if (candidate / marker).is_file():
-            return candidate
+    for root in _megatron_roots():
+        base = root.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
     return None
 
 

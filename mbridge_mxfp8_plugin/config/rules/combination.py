@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._yamltypes import yaml_literal as _y
 from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult, Severity
-from ..report import yaml_literal as _y
 from ..schema import MP_OWNED_KNOBS
 from ..view import Val
-from . import _found, _na, _pass, _rule, _violation
+from ._base import _found, _na, _pass, _rule, _violation
 
 
 @_rule("MX001", "mxfp8 param gather needs buffer reuse")
@@ -332,7 +332,6 @@ def _mx007(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         "OptimizerConfig); earlier releases accept it without supporting it",
         {"optimizer": {"overlap_param_gather_with_optimizer_step": False}},
     )
-
 
 
 @_rule("MX012", "mxfp8 without fp8 param gather")

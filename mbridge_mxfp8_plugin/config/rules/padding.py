@@ -6,7 +6,7 @@ import math
 
 from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult
-from . import _found, _na, _pass, _rule, _violation
+from ._base import _found, _na, _pass, _rule, _violation
 
 
 @_rule("MX008", "bucket padding for this dp_size")

@@ -6,8 +6,8 @@ from ...defects import DEFECTS
 from ..effective import EffectiveConfig
 from ..report import Rule, RuleResult
 from ..schema import PLUGIN_SECTION
-from ..view import Val
-from . import _na, _pass, _rule, _violation
+from ..view import UNKNOWN, Val
+from ._base import _na, _pass, _rule, _violation
 
 
 def _relevant_defects(ctx: EffectiveConfig) -> list[str]:
@@ -20,12 +20,32 @@ def _relevant_defects(ctx: EffectiveConfig) -> list[str]:
     return [d for d in ctx.installed.defects if d == "A" or overlap]
 
 
+#: How a job gets the plugin when its YAML says nothing about it.
+_SWITCH_ON = (
+    "launch the job with `python -m mbridge_mxfp8_plugin.launch` and add `mxfp8_plugin: {enabled: true}` "
+    "to this file, or pass `callbacks=[MXFP8ParamSyncCallback()]` to pretrain() in the training script"
+)
+
+
 @_rule("MX009", "plugin on where the installed release needs it")
 def _mx009(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     enabled = Val(ctx.view.plugin.get("enabled", True), f"{PLUGIN_SECTION}.enabled")
     if ctx.installed is None or ctx.installed.core is None:
-        return _na(rule, "megatron-core not importable: cannot tell which defects are present", enabled.path)
+        return _na(rule, "no megatron-core here: which defects are present is unknown", enabled.path)
     defects = _relevant_defects(ctx)
+    if ctx.view.kind == "recipe" and not ctx.view.plugin_stated:
+        if not defects:
+            return _pass(rule, "no defect of the installed release applies to this config", PLUGIN_SECTION)
+        return _violation(
+            rule,
+            "warning",
+            PLUGIN_SECTION,
+            UNKNOWN,
+            f"this file has no {PLUGIN_SECTION} section, and {ctx.installed.describe()} has defect(s) "
+            f"{', '.join(defects)} for this config: the job has the plugin only if its launcher or "
+            f"script adds it. To switch it on, {_SWITCH_ON}",
+            {PLUGIN_SECTION: {"enabled": True}},
+        )
     if enabled.value:
         return _pass(rule, "plugin enabled", enabled.path, True)
     if not defects:
