@@ -23,7 +23,9 @@ from .probes import installed_versions, probe_bridge_files, probe_core_files
 __all__ = ["add_doctor_parser", "diagnose", "render"]
 
 
-def _plugin_action(defect: str, present: bool, partial: str = "") -> str:
+def _plugin_action(defect: str, present: bool | None, partial: str = "") -> str:
+    if present is None:
+        return "decided at train start from the megatron-core the job imports"
     if not present:
         return {
             "A": "nothing to repair (offsets checked at on_train_start)",
@@ -55,13 +57,13 @@ def diagnose() -> dict[str, Any]:
     loop = probe_bridge_files()
     report["bridge_loop"] = loop.as_dict() if loop else None
     core = probe_core_files()
+    report["core"] = core.as_dict() if core else None
     if core is None:
         report["error"] = (
-            "megatron-core is not installed (no megatron/core/distributed/param_and_grad_buffer.py)"
+            "megatron-core is not installed (no megatron/core/distributed/param_and_grad_buffer.py): "
+            "which of its defects the job will meet is unknown"
         )
-        return report
-    report["core"] = core.as_dict()
-    if not core.has_reuse_knob:
+    elif not core.has_reuse_knob:
         report["error"] = "megatron-core has no reuse_grad_buf_for_mxfp8_param_ag: nothing to fix"
         return report
     present = defects_present(core, loop)
@@ -80,9 +82,13 @@ def diagnose() -> dict[str, Any]:
         }
     training_defects = [d for d in TRAINING_DEFECTS if present[d]]
     report["present"] = training_defects
-    report["plugin_mode"] = (
-        "active" if training_defects else "passive (training); holds weights for eval-only jobs"
-    )
+    report["unknown"] = [d for d in TRAINING_DEFECTS if present[d] is None]
+    if training_defects:
+        report["plugin_mode"] = "active"
+    elif report["unknown"]:
+        report["plugin_mode"] = "decided at train start from the megatron-core the job imports"
+    else:
+        report["plugin_mode"] = "passive (training); holds weights for eval-only jobs"
     return report
 
 
@@ -107,14 +113,17 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
         p("Megatron-Bridge: not installed (B2 judged for a loop that does not stage)")
     if report.get("error"):
         p(f"error: {report['error']}")
+    if not report["defects"]:
         return
     p("defects (MXFP8 params + fp8_param_gather + reuse_grad_buf_for_mxfp8_param_ag + overlap_param_gather):")
     for d, info in report["defects"].items():
-        mark = "PRESENT" if info["present"] else "fixed  "
+        mark = {True: "PRESENT", False: "fixed  ", None: "unknown"}[info["present"]]
         p(f"  {d:<3} {mark}  {info['what']}")
         p(f"               where: {info['where']}; fixed upstream in: {info['fixed_in']}")
         p(f"               plugin: {info['plugin']}")
     listed = ", ".join(report["present"]) or "none"
+    if report["unknown"]:
+        listed += f"; unknown (no megatron-core to read): {', '.join(report['unknown'])}"
     p(f"training defects present: {listed}; plugin mode: {report['plugin_mode']}")
 
 

@@ -181,3 +181,102 @@ def test_importing_the_package_is_lazy():
     modules = _imported("-c", "import mbridge_mxfp8_plugin as m; m.PluginOptions; m.MXFP8ConfigError")
     assert not any(m.split(".")[0] == "torch" or m.startswith("megatron.") for m in modules)
     assert "mbridge_mxfp8_plugin.bridge" not in modules and "mbridge_mxfp8_plugin.validate" not in modules
+
+
+# --------------------------------------------------------------------------- check says only what it checked
+def _bridge_installed() -> bool:
+    from mbridge_mxfp8_plugin.config.installed import container_sections
+
+    return container_sections() is not None
+
+
+needs_bridge = pytest.mark.skipif(not _bridge_installed(), reason="no Megatron-Bridge installed to read")
+
+
+@needs_bridge
+@pytest.mark.parametrize(
+    ("override", "meant"),
+    [
+        ("train.train_iter=2", "train_iters"),
+        ("+checkpoint.sav=/tmp/ckpt", "save"),
+        ("model.hiden_size=64", "hidden_size"),
+        ("+scheduler.lr_warmup_iter=10", "lr_warmup_iters"),
+    ],
+)
+def test_typo_in_any_bridge_section_fails_mx101(override, meant):
+    """Every ConfigContainer section is key-checked against the installed Bridge's classes (the
+    issue: ``train.train_iter=2`` passed MX101 and failed later inside the job)."""
+    key = override.lstrip("+").split("=")[0]
+    code, out, _ = _run(TINY, [override])
+    assert code == 1, out
+    assert f"error MX101 {key}:" in out and f"did you mean {meant!r}" in out
+    code, out, _ = _run(TINY, [override], as_json=True)
+    payload = json.loads(out)
+    (mx101,) = [r for r in payload["rules"] if r["id"] == "MX101"]
+    assert code == 1 and mx101["status"] == "fail"
+    assert [f["knob"] for f in mx101["findings"]] == [key]
+
+
+@needs_bridge
+def test_correct_keys_of_those_sections_pass():
+    overrides = ["train.train_iters=2", "+checkpoint.save=/tmp/ckpt", "+scheduler.lr_warmup_iters=10"]
+    code, out, _ = _run(TINY, overrides)
+    assert code == 0, out
+
+
+@needs_bridge
+def test_a_section_whose_keys_cannot_be_known_is_listed_not_passed(tmp_path):
+    """``dataset`` is an abstract DatasetProvider in Bridge: which keys exist depends on the
+    subclass the base recipe builds, so check says it did not check them."""
+    path = tmp_path / "r.yaml"
+    path.write_text(TINY.read_text() + "\ndataset:\n  seq_lenght_typo: 3\n")
+    code, out, _ = _run(path)
+    assert code == 0, out
+    assert "not checked: dataset.* keys not checked" in out
+
+
+def test_typo_in_the_plugin_section_is_the_plugins_own_refusal():
+    code, out, _ = _run(TINY, ["+mxfp8_plugin.prestge=false"])
+    assert code == 1
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("error MX101")]
+    assert "did you mean 'prestage'" in line and "the plugin refuses" in line
+    assert "Megatron-Bridge" not in line
+
+
+def _without_plugin_section(tmp_path):
+    path = tmp_path / "no_plugin.yaml"
+    path.write_text(TINY.read_text().split("mxfp8_plugin:")[0])
+    return path
+
+
+def test_no_plugin_section_on_a_defective_stack_warns_how_to_switch_it_on(tmp_path):
+    path = _without_plugin_section(tmp_path)
+    code, out, _ = _run(path, dp_size=2)
+    assert code == 0, out  # a warning: the launcher or the script may still add the plugin
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("warning MX009")]
+    assert "python -m mbridge_mxfp8_plugin.launch" in line and "callbacks=[MXFP8ParamSyncCallback()]" in line
+    assert "mxfp8_plugin: {enabled: true}" in line
+    assert _run(path, dp_size=2, fail_on_warning=True)[0] == 1
+    code, out, _ = _run(path, dp_size=2, as_json=True)
+    (mx009,) = [r for r in json.loads(out)["rules"] if r["id"] == "MX009"]
+    assert mx009["status"] == "warn" and mx009["findings"][0]["severity"] == "warning"
+
+
+def test_no_plugin_section_on_a_fixed_stack_is_fine(tmp_path):
+    from harness.mx_cases import FIXED
+
+    code, out, _ = _run(_without_plugin_section(tmp_path), dp_size=2, installed=FIXED, fail_on_warning=True)
+    assert code == 0, out
+
+
+def test_no_megatron_core_means_defects_unknown_not_none(tmp_path):
+    from mbridge_mxfp8_plugin.probes import InstalledStack
+
+    nothing = InstalledStack(core=None, bridge_calls_prepare=None, versions={})
+    assert "defects: unknown" in nothing.describe() and "none" not in nothing.describe()
+    assert nothing.defects == [] and not nothing.defects_known
+    code, out, _ = _run(_without_plugin_section(tmp_path), installed=nothing, as_json=True)
+    payload = json.loads(out)
+    (mx009,) = [r for r in payload["rules"] if r["id"] == "MX009"]
+    assert mx009["status"] == "n/a" and "unknown" in mx009["note"]
+    assert "defects: unknown" in payload["installed"]

@@ -121,3 +121,22 @@ def test_defects_present_is_decided_in_one_place(fixed, loop, present) -> None:
     got = defects_present(_core_files(a=fixed[0], b1=fixed[1], c=fixed[2]), staging)
     assert list(got) == list(DEFECTS)
     assert {d for d, p in got.items() if p} == present
+
+
+def test_no_megatron_core_reports_the_core_defects_unknown(monkeypatch) -> None:
+    """Unknown is not "none": without megatron-core, A, B1 and C are listed as unknown."""
+    import io
+
+    from mbridge_mxfp8_plugin import doctor
+
+    monkeypatch.setattr(doctor, "probe_core_files", lambda: None)
+    report = doctor.diagnose()
+    assert report["core"] is None and "unknown" in report["error"]
+    assert {d: report["defects"][d]["present"] for d in ("A", "B1", "C")} == dict.fromkeys(("A", "B1", "C"))
+    assert report["unknown"] == ["A", "B1", "C"]
+    out = io.StringIO()
+    doctor.render(report, out)
+    text = out.getvalue()
+    assert text.count(" unknown  ") == 3, text
+    assert "unknown (no megatron-core to read): A, B1, C" in text
+    assert "present: none" not in text
