@@ -189,7 +189,9 @@ def plugin_section(config_file: str | Path | None, plugin_overrides: Sequence[st
         recipe = read_recipe_file(config_file)
         raw = recipe.data.get(PLUGIN_SECTION)
         if raw is not None and not isinstance(raw, dict):
-            raise LaunchError(f"{config_file}: {PLUGIN_SECTION} must be a mapping of plugin options, got {raw!r}")
+            raise LaunchError(
+                f"{config_file}: {PLUGIN_SECTION} must be a mapping of plugin options, got {raw!r}"
+            )
         section = dict(raw or {})
         refs = [k for k in recipe.base_refs if k.startswith(PLUGIN_SECTION + ".")]
         if refs:
@@ -293,12 +295,12 @@ def merge_like_bridge(config: Any, config_file: str | Path | None, overrides: Se
     in struct mode, resolve, apply back onto the dataclasses.
     """
     from megatron.bridge.training.utils import omegaconf_utils as ou  # type: ignore[import-not-found]
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
     omega, excluded = ou.create_omegaconf_dict_config(config)
     if config_file is not None:
         yaml_conf = OmegaConf.load(config_file)
-        if PLUGIN_SECTION in yaml_conf:
+        if isinstance(yaml_conf, DictConfig) and PLUGIN_SECTION in yaml_conf:
             yaml_conf.pop(PLUGIN_SECTION)
         omega = OmegaConf.merge(omega, yaml_conf)
     if overrides:
@@ -312,7 +314,7 @@ def merge_like_bridge(config: Any, config_file: str | Path | None, overrides: Se
             ) from None
     final = OmegaConf.to_container(omega, resolve=True)
     assert isinstance(final, dict)
-    unknown = _unknown_keys(config, final)
+    unknown = _unknown_keys(config, {str(k): v for k, v in final.items()})
     if unknown:
         source = f"{config_file} / overrides" if config_file else "overrides"
         raise LaunchError(
@@ -348,7 +350,9 @@ def prepare(argv: Sequence[str]) -> Launch:
     forward_step = forward_step_function(args.forward_step)
     config = make_config()
     if not all(hasattr(config, s) for s in ("model", "train", "optimizer")):
-        raise LaunchError(f"--recipe {args.recipe!r} returned a {type(config).__name__}, not a ConfigContainer")
+        raise LaunchError(
+            f"--recipe {args.recipe!r} returned a {type(config).__name__}, not a ConfigContainer"
+        )
     merge_like_bridge(config, config_file, bridge_overrides)
     callbacks: list[Any] = []
     if options.enabled:

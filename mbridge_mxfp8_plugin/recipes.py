@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-#: Bridge's scripts spell the file flag both ways (``run_recipe.py``: ``--config-file``; examples: ``--config_file``).
+#: Bridge's scripts spell the file flag both ways (run_recipe.py: --config-file; examples: --config_file).
 _FILE_FLAGS = ("--config-file", "--config_file")
 
 
@@ -75,7 +75,7 @@ def _merge_files(path: str | Path, files: list[str], overrides: list[str]) -> di
     ``--config-file`` onto the recipe), then the overrides with Hydra's parser, as Bridge applies them."""
     from omegaconf import OmegaConf
 
-    merged = OmegaConf.create(read_recipe(path))
+    merged: Any = OmegaConf.create(read_recipe(path))
     for extra in files:
         merged = OmegaConf.merge(merged, OmegaConf.create(read_recipe(resolve_recipe(extra))))
     if overrides:
@@ -85,7 +85,8 @@ def _merge_files(path: str | Path, files: list[str], overrides: list[str]) -> di
         parser = OverridesParser.create()
         for text in overrides:
             try:
-                ConfigLoaderImpl._apply_overrides_to_config(overrides=parser.parse_overrides([text]), cfg=merged)
+                parsed = parser.parse_overrides([text])
+                ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=merged)
             except Exception as exc:  # noqa: BLE001 - Hydra raises several types; all mean "bad override"
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise RecipeError(f"override {text!r}: {first}") from None
