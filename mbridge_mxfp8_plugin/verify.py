@@ -1,0 +1,477 @@
+"""Are the model's weights what the optimizer says they are? A read-only check, and a repair.
+
+No framework checks that the MXFP8 params a model computes with come from the fp32 main params
+the distributed optimizer holds. Megatron's ``check_param_hashes_across_dp_replicas`` compares
+replicas only, so weights that are stale on every replica alike (defect B, or an export right
+after an optimizer step) pass it. :func:`verify_weights` checks both:
+
+* **shard check** (no collective): each rank takes the params it owns a shard of (its distributed
+  optimizer's ``model_float16_groups`` with their ``shard_fp32_from_float16_groups`` main shards
+  and param ranges) and compares, value by value, the param's dequantized slice with the main
+  shard pushed through the same path a param sync takes: rounded to the param buffer's dtype
+  (bf16 in reuse mode: the main shard is staged into the bf16 view and gathered), then quantized
+  by the param's own quantization (TE: a row-wise copy of the param's ``_quantizer``; a param type
+  with ``quantize_``/``dequantize`` that can be instantiated from a plain tensor, such as the
+  test kit's emulation: a fresh instance of it; otherwise the kit's TE-rule cast) and
+  dequantized. bf16 params are compared with the main shard rounded to bf16. Elements of a
+  32-element MXFP8 block that straddles two ranks' shards are skipped (their scale depends on
+  values this rank does not hold) and counted.
+* **replica check** (one small all-reduce per data-parallel group): a 64-bit fold of every param's
+  bits, all-reduced with MAX over the dense (or expert) data-parallel group alongside its bitwise
+  complement (so MAX gives the minimum too) and this rank's mismatch count. Every rank learns
+  which params disagree and whether any peer's shard check failed.
+
+Cost: one dequantized param and one window of its main shard at a time (freed as it goes), one
+host sync; nothing persists. :func:`ensure_weights_current` makes the weights current on demand
+(export, RL refit) through the shared :class:`~mbridge_mxfp8_plugin.sync.ParamSyncEngine`.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .buckets import is_megatron_ddp
+from .errors import MXFP8PluginError
+from .sync import ParamSyncEngine, SyncStats
+
+__all__ = ["ParamMismatch", "WeightReport", "ensure_weights_current", "verify_weights"]
+
+_BLOCK = 32  # MXFP8 elements per shared scale, along the last dimension
+_HASH_CHUNK = 1 << 22  # elements folded per kernel: bounds the int64 temporaries (32 MiB)
+_HASH_MOD = 8191
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True)
+class ParamMismatch:
+    """One param whose shard differs from its quantized main shard (on the rank that reports it)."""
+
+    name: str
+    max_abs_diff: float
+    elements: int  # how many compared elements differ
+
+    def __str__(self) -> str:
+        return f"{self.name} (max |diff| {self.max_abs_diff:.3g}, {self.elements} elements)"
+
+
+@dataclass
+class WeightReport:
+    """What :func:`verify_weights` found on this rank (and, through the all-reduce, on its peers)."""
+
+    event: str
+    #: params whose owned shard was compared, and the elements compared / skipped
+    params_checked: int = 0
+    elements_checked: int = 0
+    #: elements of MXFP8 blocks split between two ranks' shards (their scale is not local)
+    elements_skipped: int = 0
+    #: ``name: reason`` for owned params that could not be compared (e.g. per-tensor FP8)
+    unchecked: list[str] = field(default_factory=list)
+    #: this rank's shard mismatches, first ``max_names`` of them, and their total count
+    shard_mismatches: list[ParamMismatch] = field(default_factory=list)
+    shard_mismatch_count: int = 0
+    #: the largest shard mismatch count of any rank in this rank's data-parallel group
+    peer_mismatch_count: int = 0
+    #: params whose bits differ between data-parallel replicas (first ``max_names``), and how many
+    replica_mismatches: list[str] = field(default_factory=list)
+    replica_mismatch_count: int = 0
+    #: params hashed for the replica check; data-parallel groups reduced over (size > 1)
+    params_hashed: int = 0
+    groups_reduced: int = 0
+    #: how the reference was quantized: "quantizer" / "own type" / "te-rule cast" -> params
+    reference_paths: dict[str, int] = field(default_factory=dict)
+    note: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.shard_mismatch_count or self.peer_mismatch_count or self.replica_mismatch_count)
+
+    def message(self) -> str:
+        """One line for a log: the event, the verdict and the first offending params."""
+        head = f"MXFP8 weight check at {self.event}:"
+        if self.ok:
+            return (
+                f"{head} OK ({self.params_checked} owned params, {self.elements_checked} elements equal "
+                f"their quantized fp32 main params; {self.params_hashed} params agree across "
+                f"{self.groups_reduced} data-parallel group(s))"
+            )
+        parts = []
+        if self.shard_mismatch_count:
+            first = ", ".join(str(m) for m in self.shard_mismatches)
+            parts.append(
+                f"{self.shard_mismatch_count} params differ from their quantized fp32 main params on "
+                f"this rank (first: {first})"
+            )
+        elif self.peer_mismatch_count:
+            parts.append(f"a data-parallel peer found {self.peer_mismatch_count} params that differ")
+        if self.replica_mismatch_count:
+            parts.append(
+                f"{self.replica_mismatch_count} params differ between data-parallel replicas "
+                f"(first: {', '.join(self.replica_mismatches)})"
+            )
+        return f"{head} WRONG: " + "; ".join(parts)
+
+    def raise_if_bad(self) -> None:
+        """Raise :class:`MXFP8PluginError` with :meth:`message` when the check failed."""
+        if not self.ok:
+            raise MXFP8PluginError(
+                self.message() + ". The model computes with weights that are not the optimizer's; "
+                "see docs/verify.md"
+            )
+
+
+# ---------------------------------------------------------------------------- discovery
+def _chunks(model_chunks: Sequence[Any] | Any) -> list[Any]:
+    """The megatron-core DDP chunks, unwrapping wrappers (NeMo's) through ``.module``."""
+    out = []
+    for chunk in model_chunks if isinstance(model_chunks, (list, tuple)) else [model_chunks]:
+        seen = chunk
+        while not is_megatron_ddp(seen) and hasattr(seen, "module"):
+            seen = seen.module
+        out.append(seen if is_megatron_ddp(seen) else chunk)
+    return out
+
+
+def _dist_optimizers(optimizer: Any) -> list[Any]:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    members = getattr(optimizer, "chained_optimizers", None)
+    return [
+        o for o in (members if members is not None else [optimizer]) if isinstance(o, DistributedOptimizer)
+    ]
+
+
+@dataclass
+class _Owned:
+    main: torch.Tensor | None
+    start: int  # the shard's range inside the flattened param
+    end: int
+    buffer_dtype: torch.dtype | None  # dtype of the bucket's param_data (what the gather moves)
+
+
+def _owned_shards(optimizer: Any) -> tuple[dict[Any, _Owned], str]:
+    """param -> its main shard and range, for every param this rank's optimizers own a shard of."""
+    owned: dict[Any, _Owned] = {}
+    try:
+        for opt in _dist_optimizers(optimizer):
+            for mains, params in zip(
+                opt.shard_fp32_from_float16_groups, opt.model_float16_groups, strict=True
+            ):
+                for main, param in zip(mains, params, strict=True):
+                    rng = opt._get_model_param_range_map(param)["param"]
+                    gbuf_index, _, bucket_id = opt.model_param_gbuf_map[param]
+                    data = opt.buffers[gbuf_index].buckets[bucket_id].param_data
+                    owned[param] = _Owned(main, rng.start, rng.end, None if data is None else data.dtype)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        return owned, f"optimizer layout not readable ({type(exc).__name__}: {exc}); shard check partial"
+    return owned, ""
+
+
+def _buffer_params(chunks: list[Any]) -> Iterator[tuple[int, bool, Any, Any]]:
+    """(chunk index, expert, the chunk's DP group for that buffer, param) in buffer order."""
+    for c, chunk in enumerate(chunks):
+        for expert, buffers in (
+            (False, chunk.buffers),
+            (True, getattr(chunk, "expert_parallel_buffers", [])),
+        ):
+            wanted = "expt_dp_group" if expert else "dp_cp_group"
+            for buffer in buffers:
+                group = getattr(chunk, wanted, None) or getattr(buffer, "data_parallel_group", None)
+                for bucket in buffer.buckets:
+                    for param in bucket.params_list:
+                        yield c, expert, group, param
+
+
+# ---------------------------------------------------------------------------- numerics
+def _dequantized(param: Any) -> torch.Tensor:
+    """The values the model computes with, in the param's high-precision dtype (no grad)."""
+    from megatron.core import fp8_utils
+
+    with torch.no_grad():
+        if fp8_utils.is_float8tensor(param):
+            return param.dequantize()
+        return param.detach()
+
+
+def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport) -> torch.Tensor:
+    """``values`` (2-D rows of the param) quantized and dequantized as ``param`` would be; fp32."""
+    quantizer = getattr(param, "_quantizer", None)
+    if quantizer is not None and hasattr(quantizer, "quantize"):
+        try:
+            # Transformer Engine: the param's own quantizer, row-wise only (the copy leaves the
+            # param's usage flags alone); TE wants whole 32-row tiles, so pad with zero rows.
+            q = quantizer.copy() if hasattr(quantizer, "copy") else quantizer
+            if hasattr(q, "set_usage"):
+                q.set_usage(rowwise=True, columnwise=False)
+            rows = values.shape[0]
+            padded = torch.nn.functional.pad(values, (0, 0, 0, (-rows) % _BLOCK))
+            out = q.quantize(padded).dequantize(dtype=torch.float32)[:rows]
+            report.reference_paths["quantizer"] = report.reference_paths.get("quantizer", 0) + 1
+            return out
+        except Exception:  # noqa: BLE001 - fall back to the next path; recorded in reference_paths
+            pass
+    cls = type(param)
+    if hasattr(cls, "quantize_") and hasattr(cls, "dequantize"):
+        try:
+            fresh = torch.empty(values.shape, dtype=param.dtype, device=values.device).as_subclass(cls)
+            fresh.quantize_(values)
+            out = fresh.dequantize().float()
+            report.reference_paths["own type"] = report.reference_paths.get("own type", 0) + 1
+            return out
+        except Exception:  # noqa: BLE001 - wrapper subclasses (TE) cannot be made this way
+            pass
+    from .testing.emulated_mxfp8 import mxfp8_quantize
+
+    report.reference_paths["te-rule cast"] = report.reference_paths.get("te-rule cast", 0) + 1
+    return mxfp8_quantize(values)
+
+
+def _compare(name: str, got: torch.Tensor, want: torch.Tensor, atol: float) -> ParamMismatch | None:
+    if got.numel() == 0 or torch.equal(got, want):
+        return None
+    diff = (got - want).abs()
+    bad = ~(diff <= atol)  # NaN counts as a difference
+    count = int(bad.sum())
+    if not count:
+        return None
+    worst = diff.nan_to_num(nan=float("inf")).max()
+    return ParamMismatch(name, float(worst), count)
+
+
+def _check_owned(
+    name: str, param: Any, deq: torch.Tensor, own: _Owned, atol: float, report: WeightReport
+) -> ParamMismatch | None:
+    """Compare one param's owned slice with its main shard pushed through the param-sync path."""
+    from megatron.core import fp8_utils
+
+    main = own.main
+    if main is None:
+        report.unchecked.append(f"{name}: main params live inside the optimizer (precision-aware)")
+        return None
+    if fp8_utils.is_float8tensor(param) and not fp8_utils.is_mxfp8tensor(param):
+        report.unchecked.append(f"{name}: per-tensor FP8 scale spans every rank's shard")
+        return None
+    s, e = own.start, own.end
+    flat = deq.reshape(-1).float()
+    # In reuse mode the main shard travels as bf16 (staged into the bf16 view of the grad
+    # buffer); with a uint8 FP8 buffer it is cast from fp32 directly.
+    rounded = main.detach()
+    if own.buffer_dtype is not None and own.buffer_dtype.is_floating_point and own.buffer_dtype.itemsize >= 2:
+        rounded = rounded.to(own.buffer_dtype)
+    if not fp8_utils.is_mxfp8tensor(param):
+        report.params_checked += 1
+        report.elements_checked += e - s
+        return _compare(name, flat[s:e], rounded.to(param.dtype).float(), atol)
+    last = param.shape[-1] if param.dim() > 0 else 1
+    r0, r1 = s // last, -(-e // last)
+    window = torch.zeros((r1 - r0) * last, dtype=rounded.dtype, device=rounded.device)
+    window[s - r0 * last : e - r0 * last] = rounded
+    want = _quantize_like(param, window.view(r1 - r0, last), report).reshape(-1)
+    got = flat[r0 * last : r1 * last]
+    owned = torch.zeros_like(window, dtype=torch.bool)
+    owned[s - r0 * last : e - r0 * last] = True
+    # A block counts only if every one of its elements is in this shard; padding is "owned".
+    rows = torch.nn.functional.pad(owned.view(r1 - r0, last), (0, (-last) % _BLOCK), value=True)
+    whole = rows.view(r1 - r0, -1, _BLOCK).all(dim=-1).repeat_interleave(_BLOCK, dim=-1)[:, :last]
+    mask = whole.reshape(-1) & owned
+    compared = int(mask.sum())
+    report.params_checked += 1
+    report.elements_checked += compared
+    report.elements_skipped += (e - s) - compared
+    return _compare(name, got[mask], want.to(got.device)[mask], atol)
+
+
+def _fold(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """A 64-bit fold of the bits of ``values`` (order-sensitive; integer sums wrap identically
+    on every replica, so equal bits give equal folds on any device)."""
+    flat = values.detach().reshape(-1)
+    bits = flat.view(_INT_OF_SIZE[flat.element_size()])
+    total = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for start in range(0, bits.numel(), _HASH_CHUNK):
+        part = bits[start : start + _HASH_CHUNK].to(torch.int64)
+        total = total * 1000003 + part.sum() + (part * weights[: part.numel()]).sum()
+    return total
+
+
+# ---------------------------------------------------------------------------- the check
+def verify_weights(
+    model_chunks: Sequence[Any] | Any,
+    optimizer: Any,
+    *,
+    event: str,
+    atol: float = 0.0,
+    max_names: int = 5,
+) -> WeightReport:
+    """Check that the params equal their quantized fp32 main params, and that replicas agree.
+
+    Call it on every rank of the job at the same point (it issues one all-reduce per
+    data-parallel group), where the weights are meant to be current: after a forced param sync
+    and whatever the loop or the plugin does after it, after a checkpoint load, at the end of
+    training. Between an optimizer step and the next forward they are not (the gather comes
+    with that forward; :func:`ensure_weights_current` brings it forward). Reads only: it works
+    whether or not the plugin is active. ``atol`` 0 means exact: both sides take the same
+    rounding path. ``event`` names the moment in the report and the error.
+    """
+    t0 = time.perf_counter()
+    report = WeightReport(event=event)
+    chunks = _chunks(model_chunks)
+    owned, report.note = _owned_shards(optimizer)
+    names = {
+        p: (f"{c}." if len(chunks) > 1 else "") + n
+        for c, ch in enumerate(chunks)
+        for n, p in ch.named_parameters()
+    }
+    if any(g.param_gather_handle is not None for ch in chunks for g in _groups(ch)):
+        report.note = (report.note + "; " if report.note else "") + (
+            "a param all-gather is in flight: this describes the weights before it lands"
+        )
+    weights: torch.Tensor | None = None
+    hashes: dict[int, tuple[Any, list[torch.Tensor], list[str]]] = {}
+    for _, _, group, param in _buffer_params(chunks):
+        name = names.get(param, f"<param {tuple(param.shape)}>")
+        try:
+            deq = _dequantized(param)
+            if param in owned:
+                bad = _check_owned(name, param, deq, owned[param], atol, report)
+                if bad is not None:
+                    report.shard_mismatch_count += 1
+                    if len(report.shard_mismatches) < max_names:
+                        report.shard_mismatches.append(bad)
+            if weights is None or weights.device != deq.device:
+                weights = torch.arange(_HASH_CHUNK, dtype=torch.int64, device=deq.device) % _HASH_MOD + 1
+            folded = _fold(deq, weights)
+        except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce below
+            report.unchecked.append(f"{name}: {type(exc).__name__}: {exc}")
+            folded = torch.zeros((), dtype=torch.int64, device=param.device)
+        del deq
+        entry = hashes.setdefault(id(group), (group, [], []))
+        entry[1].append(folded)
+        entry[2].append(name)
+    report.params_hashed = sum(len(v[1]) for v in hashes.values())
+    _reduce(hashes, report, max_names)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _groups(chunk: Any) -> list[Any]:
+    return list(chunk.bucket_groups) + list(getattr(chunk, "expert_parallel_bucket_groups", []))
+
+
+def _reduce(
+    hashes: dict[int, tuple[Any, list[torch.Tensor], list[str]]], report: WeightReport, max_names: int
+) -> None:
+    """One MAX all-reduce per data-parallel group: folds, their complements, the mismatch count."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    first = True
+    for group, folds, param_names in hashes.values():
+        if group is None or dist.get_world_size(group) < 2:
+            continue
+        h = torch.stack(folds)
+        # MAX of ~h is ~MIN of h: one reduction yields both ends of every fold's range.
+        local = torch.tensor(
+            [report.shard_mismatch_count if first else 0], dtype=torch.int64, device=h.device
+        )
+        vec = torch.cat([h, torch.bitwise_not(h), local])
+        dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
+        n = len(folds)
+        vec = vec.cpu()
+        differs = (vec[:n] != torch.bitwise_not(vec[n : 2 * n])).tolist()
+        for name, bad in zip(param_names, differs, strict=True):
+            if bad:
+                report.replica_mismatch_count += 1
+                if len(report.replica_mismatches) < max_names:
+                    report.replica_mismatches.append(name)
+        if first:
+            report.peer_mismatch_count = int(vec[-1])
+        report.groups_reduced += 1
+        first = False
+
+
+# ---------------------------------------------------------------------------- the repair
+#: first model chunk -> (ids of all chunks, version counters of their buffers and main shards)
+#: when ensure_weights_current last made the weights current. Keyed by the chunk, not the
+#: engine: without an adapter nothing else keeps the shared engine alive between calls.
+_CURRENT_AT: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], tuple[int, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _versions(engine: ParamSyncEngine, optimizer: Any) -> tuple[int, ...]:
+    """Version counters of every param/grad buffer and every fp32 main shard.
+
+    Every training step bumps the buffers' counter (``zero_grad_buffer`` is an in-place op on
+    them, and views share their base's counter); an optimizer step or checkpoint load through
+    torch ops bumps the main shards'. Fused optimizers that write through raw pointers (apex/TE
+    ``multi_tensor_applier``) do not, but their steps follow a ``zero_grad_buffer``. Reading the
+    counters costs no kernel and no sync.
+    """
+    out: list[int] = []
+    for chunk in engine.model_chunks:
+        for buffer in list(chunk.buffers) + list(getattr(chunk, "expert_parallel_buffers", [])):
+            for data in (buffer.param_data, buffer.grad_data):
+                out.append(-1 if data is None else data._version)
+    for opt in _dist_optimizers(optimizer):
+        out.extend(m._version for group in opt.shard_fp32_from_float16_groups for m in group if m is not None)
+    return tuple(out)
+
+
+def ensure_weights_current(model_chunks: Sequence[Any] | Any, optimizer: Any) -> SyncStats:
+    """Make the params equal the quantized fp32 main params now; do nothing where they already do.
+
+    For readers of a live model between training steps (export, RL refit, a custom eval): after
+    an optimizer step, with reuse, the params hold the previous step's weights until the next
+    forward gathers. Call on every rank at the same point (it may issue the param all-gathers).
+    Uses the model's shared :class:`~mbridge_mxfp8_plugin.sync.ParamSyncEngine`, so it
+    cooperates with the plugin's callbacks and API.
+
+    Nothing is done (no collective, no write) when:
+
+    * the job is not in the affected mode (no MXFP8 reuse, or no ``overlap_param_gather``: the
+      optimizer step then gathers synchronously);
+    * this function made them current last and no param/grad buffer or main shard has changed
+      since (their version counters: every training step zeroes the buffers in place), or the
+      plugin's engine refreshed them and no step has started since (its adapters clear the
+      engine's flag in ``step_started``);
+    * the loop's last forced sync gathered freshly staged main params and core wrote them back
+      (Megatron-Bridge >= 0.6 on megatron-core >= 0.19, judged by behaviour: core offers
+      ``prepare_model_params_for_param_sync``, writes forced gathers back and resets the
+      dispatch state, the live loop calls it, and every bucket group looks just synced).
+
+    Otherwise it stages the main shards, forces one all-gather per bucket group and, on core
+    < 0.18 (no write-back), copies the result into the params at the padded offsets and
+    re-zeroes the shared buffer. Like the engine's refresh it leaves the bucket groups marked
+    synced, so pre-hooks that stay on do not gather over the weights; on core < 0.19 the next
+    training step must begin with the plugin's ``step_started`` (its callbacks and
+    :func:`~mbridge_mxfp8_plugin.mxfp8_param_sync` do that) or it would skip its gather (C).
+    """
+    chunks = _chunks(model_chunks)
+    engine = ParamSyncEngine.shared(chunks, optimizer)
+    if not engine.active:
+        return SyncStats(note="inactive: not MXFP8 params reusing the grad buffer")
+    if not engine.overlap:
+        return SyncStats(note="no overlap_param_gather: the optimizer step gathered already")
+    if engine.alignment is None:
+        engine.prepare()
+    key = tuple(id(c) for c in chunks)
+    recorded = _CURRENT_AT.get(chunks[0])
+    mine = recorded is not None and recorded[0] == key
+    if mine and recorded is not None and recorded[1] == _versions(engine, optimizer):
+        return SyncStats(note="weights already current (nothing changed since the last call)")
+    if engine.weights_fresh and not mine:
+        # An adapter refreshed; its step_started clears the flag at the next step.
+        return SyncStats(note="weights already current (refreshed by the plugin)")
+    # The engine's flag is only as good as its step_started calls; the counters say a step ran.
+    engine.weights_fresh = False
+    engine.loop_stages_itself()
+    stats = engine.refresh_weights(gathered_fresh=None)
+    _CURRENT_AT[chunks[0]] = (key, _versions(engine, optimizer))
+    return stats

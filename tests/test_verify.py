@@ -1,0 +1,333 @@
+"""The weight verifier and ``ensure_weights_current`` on real megatron-core over 2 gloo ranks.
+
+Every case runs in one rank launch (the toy jobs are cheap, process start-up is not) in
+Megatron-LM's loop order: the kit's :func:`~mbridge_mxfp8_plugin.testing.megatron_lm_loop.train_step`
+for ordinary steps, and for the point right after a step's forward and backward (where the
+weights must equal the quantized main params the optimizer has not yet stepped) the same order
+cut before ``optimizer.step()``. Each defect case runs with one of the plugin's fixes left out and
+with it in: the verifier must fire where the fix is missing and stay silent where it is present.
+Expectations come from UPSTREAM.md's description of megatron-core 0.16.1 (no forced write-back,
+naive ``param_to_index``, dispatch state kept after a forced sync), not from the verifier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from mbridge_mxfp8_plugin.testing import launch
+
+ITERS = 3  # training steps before each probe: the weights have moved well past MXFP8's grid
+
+
+@contextlib.contextmanager
+def _counting_gathers(counter: list[int]) -> Iterator[None]:
+    """Count the param all-gathers megatron-core issues (it binds its gather function at import)."""
+    from megatron.core.distributed import param_and_grad_buffer as pgb
+
+    real = pgb.dist_all_gather_func
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counter[0] += 1
+        return real(*args, **kwargs)
+
+    pgb.dist_all_gather_func = counted
+    try:
+        yield
+    finally:
+        pgb.dist_all_gather_func = real
+
+
+def _batch(job: Any, salt: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from mbridge_mxfp8_plugin.testing.toy import make_batches
+
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    ((x, y),) = make_batches(job.toy, 1, rank=rank, world=world, salt=salt)
+    return x, y
+
+
+def _train(job: Any, iters: int, sync: Any = None) -> None:
+    """Megatron-LM's ``train()`` steps: the first without forward pre-hooks, then with them."""
+    from mbridge_mxfp8_plugin.testing.megatron_lm_loop import train_step
+
+    for chunk in job.model:
+        chunk.disable_forward_pre_hook(param_sync=False)
+    for it in range(iters):
+        if sync is not None:
+            sync.step_started()
+        train_step(job, *_batch(job, it))
+        if it == 0:
+            for chunk in job.model:
+                chunk.enable_forward_pre_hook()
+
+
+def _forward_backward(job: Any, salt: int) -> None:
+    """``train_step`` up to, not including, ``optimizer.step()``: the params must now be the
+    quantized main params (gathered and copied back by the forward pre-hooks)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for chunk in job.model:
+        chunk.zero_grad_buffer()
+    job.optimizer.zero_grad()
+    for opt in getattr(job.optimizer, "chained_optimizers", [job.optimizer]):
+        if isinstance(opt, DistributedOptimizer):
+            opt._copy_main_params_to_param_buffer()  # Megatron-LM stages while pre-hooks are on
+    loss = job.model[0](*_batch(job, salt))
+    loss.backward()
+    for chunk in job.model:
+        chunk.finish_grad_sync()
+
+
+def _forced_sync(job: Any) -> None:
+    for chunk in job.model:
+        chunk.disable_forward_pre_hook()  # the forced all-gather of eval / save / train end
+
+
+def _stale_and_ensure(out: dict[str, Any]) -> None:
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+    from mbridge_mxfp8_plugin.verify import ensure_weights_current, verify_weights
+
+    job = build_job(ToyConfig())
+    out["init"] = verify_weights(job.model, job.optimizer, event="init")
+    _train(job, ITERS)  # no plugin
+    out["stale"] = verify_weights(job.model, job.optimizer, event="after optimizer step")
+    for key in ("ensure1", "ensure2"):
+        gathers = [0]
+        with _counting_gathers(gathers):
+            stats = ensure_weights_current(job.model, job.optimizer)
+        out[key] = (stats, gathers[0], verify_weights(job.model, job.optimizer, event=key))
+    # A later step that no adapter announced: the engine's "fresh" flag is now wrong.
+    from mbridge_mxfp8_plugin.testing.megatron_lm_loop import train_step
+
+    train_step(job, *_batch(job, 50))
+    out["stale_again"] = verify_weights(job.model, job.optimizer, event="after a later step")
+    gathers = [0]
+    with _counting_gathers(gathers):
+        stats = ensure_weights_current(job.model, job.optimizer)
+    out["ensure3"] = (stats, gathers[0], verify_weights(job.model, job.optimizer, event="ensure3"))
+    # One rank's copy of a bias drifts: the shard check cannot see it where this rank holds no
+    # shard of it, the replica check must.
+    name, param = next((n, p) for n, p in job.model[0].named_parameters() if n.endswith("bias"))
+    if torch.distributed.get_rank() == 1:
+        with torch.no_grad():
+            param.data.add_(1.0)
+    out["replica_param"] = name
+    out["replica"] = verify_weights(job.model, job.optimizer, event="perturbed")
+
+
+def _case_b(mode: str) -> dict[str, Any]:
+    """A forced sync (eval) after training: ``off`` no plugin; ``b1_off`` main params staged
+    before it but nothing written back (core 0.16.1 writes forced gathers back never); ``b2_off``
+    the gathered buffer written back without staging (it holds reduced gradients); ``on`` the API."""
+    from mbridge_mxfp8_plugin import mxfp8_param_sync
+    from mbridge_mxfp8_plugin.sync import ParamSyncEngine
+    from mbridge_mxfp8_plugin.testing.megatron_lm_loop import train_step
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+    from mbridge_mxfp8_plugin.verify import verify_weights
+
+    job = build_job(ToyConfig())
+    sync = mxfp8_param_sync(job.model, job.optimizer) if mode == "on" else None
+    engine = ParamSyncEngine.shared(job.model, job.optimizer)
+    engine.prepare()  # offsets repaired in every mode: A is not what these cases look at
+    _train(job, ITERS, sync)
+    if mode == "b1_off":
+        engine.before_forced_sync()
+    _forced_sync(job)
+    if mode == "b2_off":
+        engine.before_eval(gathered_fresh=True)
+    if sync is not None:
+        sync.before_eval()
+    rec: dict[str, Any] = {"eval": verify_weights(job.model, job.optimizer, event="eval")}
+    for chunk in job.model:
+        chunk.enable_forward_pre_hook()
+    if sync is not None:
+        sync.after_eval()
+        sync.step_started()
+    train_step(job, *_batch(job, 60))
+    _forced_sync(job)  # the closing forced sync of train()
+    if sync is not None:
+        sync.close()
+    rec["train_end"] = verify_weights(job.model, job.optimizer, event="train end")
+    rec["job"] = job  # kept alive until every case ran: engines are keyed by the chunks' ids
+    return rec
+
+
+def _case_a(mode: str) -> dict[str, Any]:
+    """Training forwards whose copy-back reads ``param_to_index``: unrepaired (off) / the API (on)."""
+    from mbridge_mxfp8_plugin import check_bucket_alignment, mxfp8_param_sync
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+    from mbridge_mxfp8_plugin.verify import verify_weights
+
+    job = build_job(ToyConfig())
+    misindexed = {m.param for m in check_bucket_alignment(job.model, repair=False).mismatches}
+    sync = mxfp8_param_sync(job.model, job.optimizer) if mode == "on" else None
+    _train(job, ITERS, sync)
+    if sync is not None:
+        sync.step_started()
+    _forward_backward(job, 70)
+    report = verify_weights(job.model, job.optimizer, event="after forward")
+    return {"report": report, "misindexed": misindexed, "job": job}
+
+
+def _case_c(mode: str) -> dict[str, Any]:
+    """The step after a forced sync. Offsets repaired and no write-back in every mode (B1 left
+    in); ``c_off``: nothing else, ``c_fixed``: only the engine's dispatch reset after the sync,
+    ``on``: the API."""
+    from mbridge_mxfp8_plugin import mxfp8_param_sync
+    from mbridge_mxfp8_plugin.sync import ParamSyncEngine
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+    from mbridge_mxfp8_plugin.verify import verify_weights
+
+    job = build_job(ToyConfig())
+    sync = mxfp8_param_sync(job.model, job.optimizer) if mode == "on" else None
+    engine = ParamSyncEngine.shared(job.model, job.optimizer)
+    engine.prepare()
+    _train(job, ITERS, sync)
+    _forced_sync(job)
+    if sync is not None:
+        sync.before_eval()
+    for chunk in job.model:
+        chunk.enable_forward_pre_hook()
+    if mode == "c_fixed":
+        engine.after_forced_sync(restage=False)
+    if sync is not None:
+        sync.after_eval()
+        sync.step_started()
+    _forward_backward(job, 80)
+    report = verify_weights(job.model, job.optimizer, event="step after forced sync")
+    return {"report": report, "job": job}
+
+
+def _case_expert() -> dict[str, Any]:
+    """Expert-parallel params (their own buffers and data-parallel group), plugin on via the API."""
+    from mbridge_mxfp8_plugin import mxfp8_param_sync
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+    from mbridge_mxfp8_plugin.verify import verify_weights
+
+    job = build_job(ToyConfig(expert_layers=(1,)))
+    sync = mxfp8_param_sync(job.model, job.optimizer)
+    _train(job, ITERS, sync)
+    stale = verify_weights(job.model, job.optimizer, event="after optimizer step")
+    _forced_sync(job)
+    sync.before_eval()
+    report = verify_weights(job.model, job.optimizer, event="eval")
+    experts = sum(len(b.params) for b in job.model[0].expert_parallel_buffers)
+    return {"stale": stale, "report": report, "expert_params": experts, "job": job}
+
+
+def _rank() -> dict[str, Any]:
+    warnings.filterwarnings("ignore")
+    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
+
+    out: dict[str, Any] = {}
+    with cpu_shim(), emulated_mxfp8():
+        _stale_and_ensure(out)
+        for mode in ("off", "b1_off", "b2_off", "on"):
+            out[f"b:{mode}"] = _case_b(mode)
+        for mode in ("off", "on"):
+            out[f"a:{mode}"] = _case_a(mode)
+        for mode in ("c_off", "c_fixed", "on"):
+            out[f"c:{mode}"] = _case_c(mode)
+        out["expert"] = _case_expert()
+    for value in out.values():
+        if isinstance(value, dict):
+            value.pop("job", None)
+    out["core"] = __import__("megatron.core", fromlist=["__version__"]).__version__
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict[str, Any]]:
+    return launch(_rank, 2)
+
+
+@pytest.fixture(scope="module")
+def core(runs: list[dict[str, Any]]) -> str:
+    version = str(runs[0]["core"])
+    if not version.startswith("0.16."):
+        pytest.skip(f"defect expectations are megatron-core 0.16's; installed {version}")
+    return version
+
+
+def test_silent_at_init(runs: list[dict[str, Any]]) -> None:
+    for r in runs:
+        assert r["init"].ok, r["init"].message()
+        assert r["init"].params_checked > 0 and r["init"].groups_reduced == 1
+
+
+def test_stale_after_step_then_ensure(runs: list[dict[str, Any]], core: str) -> None:
+    for r in runs:
+        stale = r["stale"]
+        # Stale alike on both replicas: only the shard check can see it.
+        assert not stale.ok and stale.shard_mismatch_count > 0 and stale.replica_mismatch_count == 0
+        assert "after optimizer step" in stale.message()
+        stats, gathers, after = r["ensure1"]
+        assert gathers > 0 and stats.all_gathers > 0
+        assert after.ok, after.message()
+        stats, gathers, again = r["ensure2"]
+        assert gathers == 0 and stats.all_gathers == 0 and stats.params_written == 0, stats
+        assert again.ok
+        assert not r["stale_again"].ok
+        stats, gathers, after = r["ensure3"]
+        assert gathers > 0 and after.ok, after.message()
+
+
+def test_replica_disagreement(runs: list[dict[str, Any]]) -> None:
+    name = runs[0]["replica_param"]
+    for r in runs:
+        rep = r["replica"]
+        assert not rep.ok and rep.replica_mismatches == [name], rep.message()
+    # Rank 0's own copy is untouched: it learns of the drift only through the all-reduce.
+    assert runs[0]["replica"].shard_mismatch_count == 0
+    with pytest.raises(Exception, match="perturbed.*replicas"):
+        runs[0]["replica"].raise_if_bad()
+
+
+@pytest.mark.parametrize("mode", ["off", "b1_off", "b2_off"])
+def test_fires_at_eval_without_b_fixes(runs: list[dict[str, Any]], core: str, mode: str) -> None:
+    for r in runs:
+        rep = r[f"b:{mode}"]["eval"]
+        assert not rep.ok and rep.shard_mismatch_count > 0, rep.message()
+
+
+def test_b_silent_with_plugin_on(runs: list[dict[str, Any]]) -> None:
+    for r in runs:
+        for event in ("eval", "train_end"):
+            rep = r["b:on"][event]
+            assert rep.ok, rep.message()
+
+
+def test_fires_at_train_end_without_plugin(runs: list[dict[str, Any]], core: str) -> None:
+    for r in runs:
+        assert not r["b:off"]["train_end"].ok
+
+
+def test_a_fires_on_misindexed_params(runs: list[dict[str, Any]], core: str) -> None:
+    for r in runs:
+        off, on = r["a:off"], r["a:on"]
+        assert off["misindexed"], "megatron-core 0.16 should mis-index the toy's params (A)"
+        rep = off["report"]
+        assert not rep.ok and rep.shard_mismatch_count > 0, rep.message()
+        assert {m.name for m in rep.shard_mismatches} <= off["misindexed"]
+        assert on["report"].ok, on["report"].message()
+
+
+def test_c_fires_on_the_step_after_a_forced_sync(runs: list[dict[str, Any]], core: str) -> None:
+    for r in runs:
+        assert not r["c:c_off"]["report"].ok
+        assert r["c:c_fixed"]["report"].ok, r["c:c_fixed"]["report"].message()
+        assert r["c:on"]["report"].ok, r["c:on"]["report"].message()
+
+
+def test_expert_parallel_buffers(runs: list[dict[str, Any]]) -> None:
+    for r in runs:
+        case = r["expert"]
+        assert case["expert_params"] == 2
+        stale, rep = case["stale"], case["report"]
+        assert not stale.ok and any(m.name.startswith("module.layers.1.") for m in stale.shard_mismatches)
+        assert rep.ok and rep.params_hashed == 6, rep.message()
