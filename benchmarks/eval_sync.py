@@ -22,7 +22,10 @@ What a worker measures, per model size (emulated-MXFP8 weights, bf16 biases, DP=
 * each of the three again with a one-pass quantizer (``*_plainquant``): every MXFP8 write is one
   in-place bf16 copy, standing in for TE's fused cast kernel, so that the engines are compared
   rather than the emulation's ~ten fp32 passes;
-* ``quantize``: the write-back of MXFP8 params alone (the emulation's cost, not TE's);
+* ``quantize``: the write-back of MXFP8 params alone (the emulation's cost, not TE's). The
+  emulated quantizer is the test kit's ``mxfp8_quantize``: Transformer Engine's rowwise cast rule
+  (round-up E8M0 scale of ``amax * fp32(1/448)``, E4M3 round-to-nearest-even), so the values
+  written are TE's; the one-pass stand-in above writes the values unrounded and times only;
 * the physical floor: bytes the necessary copies move (stage the fp32 shard into bf16, read the
   gathered bf16 and write the param) over the measured device-to-device bandwidth, plus a raw
   NCCL all-gather of the same size. Re-zeroing the buffer is not necessary when a training step
@@ -107,7 +110,8 @@ def _peak_extra(fn: Any) -> int:
 
 def _plain_quantizer() -> Any:
     """Swap the emulated quantizer for one in-place cast: what TE's fused kernel costs in launches
-    and memory (no temporaries), so engine overheads are measured without the emulation's."""
+    and memory (no temporaries), so engine overheads are measured without the emulation's. It does
+    not round onto the MXFP8 grid: timings only, never values."""
     import contextlib
 
     import torch
