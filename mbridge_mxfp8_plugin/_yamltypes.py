@@ -22,6 +22,7 @@ __all__ = [
     "closest",
     "describe_type",
     "example_value",
+    "plain_data",
     "suggest",
     "type_problem",
     "yaml_literal",
@@ -127,17 +128,18 @@ def type_problem(value: Any, annotation: Any, dtype_check: DtypeCheck | None = N
     return None  # callables, enums, nested configs: not something a YAML knob check can judge
 
 
-def _plain(value: Any) -> Any:
+def plain_data(value: Any) -> Any:
+    """``value`` as YAML/JSON-safe builtins (anything else as its ``str``)."""
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_data(v) for v in value]
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_data(v) for k, v in value.items()}
     return str(value)
 
 
 def yaml_literal(value: Any) -> str:
     """A value as the user writes it in YAML (``true``, ``null``), not as Python prints it."""
-    text = yaml.safe_dump(_plain(value), default_flow_style=True).strip()
+    text = yaml.safe_dump(plain_data(value), default_flow_style=True).strip()
     return text.removesuffix("...").strip()

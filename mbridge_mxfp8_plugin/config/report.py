@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .._yamltypes import yaml_literal
+from .._yamltypes import plain_data, yaml_literal
 from ..errors import MXFP8ConfigError
 from .view import UNKNOWN
 
@@ -186,12 +186,4 @@ def _short(value: Any) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    if value is UNKNOWN:
-        return None
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return str(value)
+    return None if value is UNKNOWN else plain_data(value)

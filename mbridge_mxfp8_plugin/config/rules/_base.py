@@ -12,7 +12,7 @@ from typing import Any
 
 from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult, Severity, Status
-from ..view import UNKNOWN
+from ..view import UNKNOWN, Val
 
 __all__ = ["REGISTRY", "RuleFn", "run_rules"]
 
@@ -57,3 +57,13 @@ def _violation(
 def run_rules(ctx: EffectiveConfig) -> list[RuleResult]:
     """Every rule's verdict, in rule-id order."""
     return [fn(ctx) for _, fn in sorted(REGISTRY, key=lambda item: item[0].id)]
+
+
+def _settled(rule: Rule, v: Val, name: str, on_note: str) -> RuleResult | None:
+    """The verdict when knob ``v`` alone decides it: n/a while the base config decides it, pass
+    when it is on; None when it is off and the rule must say why that is wrong."""
+    if not v.known:
+        return _na(rule, f"{name} comes from the base config", v.path)
+    if v.value:
+        return _pass(rule, on_note, v.path, True)
+    return None

@@ -9,7 +9,7 @@ from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult, Severity
 from ..schema import MP_OWNED_KNOBS
 from ..view import Val
-from ._base import _found, _na, _pass, _rule, _violation
+from ._base import _found, _na, _pass, _rule, _settled, _violation
 
 
 @_rule("MX001", "mxfp8 param gather needs buffer reuse")
@@ -21,10 +21,9 @@ def _mx001(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _pass(rule, "not an MXFP8 param-gather config", recipe.path, recipe.value)
     if ctx.fsdp().known and ctx.fsdp().value:
         return _pass(rule, "Megatron-FSDP gathers params itself", ctx.fsdp().path, True)
-    if not reuse.known:
-        return _na(rule, "reuse_grad_buf_for_mxfp8_param_ag comes from the base config", reuse.path)
-    if reuse.value:
-        return _pass(rule, "reuse is on", reuse.path, True)
+    settled = _settled(rule, reuse, "reuse_grad_buf_for_mxfp8_param_ag", "reuse is on")
+    if settled:
+        return settled
     return _violation(
         rule,
         "error",
@@ -44,10 +43,9 @@ def _mx002(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     reuse, fpg = ctx.reuse(), ctx.ddp("fp8_param_gather")
     if not reuse.known or not reuse.value:
         return _pass(rule, "reuse is off", reuse.path, reuse.value)
-    if not fpg.known:
-        return _na(rule, "fp8_param_gather comes from the base config", fpg.path)
-    if fpg.value:
-        return _pass(rule, "fp8_param_gather is on", fpg.path, True)
+    settled = _settled(rule, fpg, "fp8_param_gather", "fp8_param_gather is on")
+    if settled:
+        return settled
     fix = (
         {"mixed_precision": {"fp8_param_gather": True}}
         if ctx.bridge_semantics and ctx.view.mp_present
@@ -74,10 +72,9 @@ def _mx003(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     wants = reuse or (fpg.known and bool(fpg.value))
     if not wants:
         return _pass(rule, "no fp8 param gather", fpg.path, fpg.value)
-    if not dist.known:
-        return _na(rule, "use_distributed_optimizer comes from the base config", dist.path)
-    if dist.value:
-        return _pass(rule, "distributed optimizer on", dist.path, True)
+    settled = _settled(rule, dist, "use_distributed_optimizer", "distributed optimizer on")
+    if settled:
+        return settled
     why = (
         "the shared param/grad buffer exists only with the distributed optimizer, and the optimizer step "
         "calls _copy_main_params_to_param_buffer(), which only DistributedOptimizer has"
@@ -322,16 +319,19 @@ def _mx007(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _pass(rule, "overlap_param_gather_with_optimizer_step off", ws.path, ws.value)
     if not ctx.reuse_anywhere():
         return _pass(rule, "reuse off", ws.path, True)
-    return _violation(
-        rule,
-        "error",
-        ws.path,
-        True,
+    why = (
         "overlap_param_gather_with_optimizer_step=true is not supported with "
         "reuse_grad_buf_for_mxfp8_param_ag: megatron-core 0.19 rejects it (ValueError in "
-        "OptimizerConfig); earlier releases accept it without supporting it",
-        {"optimizer": {"overlap_param_gather_with_optimizer_step": False}},
+        "OptimizerConfig); earlier releases accept it without supporting it"
     )
+    fix = {"optimizer": {"overlap_param_gather_with_optimizer_step": False}}
+    return _violation(rule, "error", ws.path, True, why, fix)
+
+
+_MX012_WHY = (
+    "fp8_recipe=mxfp8 without fp8_param_gather keeps bf16 params plus MXFP8 copies "
+    "(megatron-core warns of significant extra memory); legal, and this plugin has nothing to do"
+)
 
 
 @_rule("MX012", "mxfp8 without fp8 param gather")
@@ -339,18 +339,11 @@ def _mx012(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     recipe, fpg = ctx.fp8_recipe(), ctx.ddp("fp8_param_gather")
     if not (recipe.known and recipe.value == "mxfp8"):
         return _pass(rule, "not an mxfp8 recipe", recipe.path, recipe.value)
-    if not fpg.known:
-        return _na(rule, "fp8_param_gather comes from the base config", fpg.path)
-    if fpg.value:
-        return _pass(rule, "fp8_param_gather on", fpg.path, True)
+    settled = _settled(rule, fpg, "fp8_param_gather", "fp8_param_gather on")
+    if settled:
+        return settled
     return _violation(
-        rule,
-        "warning",
-        fpg.path,
-        False,
-        "fp8_recipe=mxfp8 without fp8_param_gather keeps bf16 params plus MXFP8 copies "
-        "(megatron-core warns of significant extra memory); legal, and this plugin has nothing to do",
-        {"mixed_precision": "bf16_with_mxfp8_mixed"},
+        rule, "warning", fpg.path, False, _MX012_WHY, {"mixed_precision": "bf16_with_mxfp8_mixed"}
     )
 
 

@@ -33,16 +33,16 @@ def _mx008(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     divisors = (128, 2**16) if busbw else (128,)
     dense_group = dp * cp
     notes = []
+
+    def one_instance(why: str) -> Finding:
+        fix = {"ddp": {"num_distributed_optimizer_instances": 1}}
+        return Finding(rule.id, "error", inst_v.path, inst, why, fix)
+
     if dense_group % inst:
         out.append(
-            Finding(
-                rule.id,
-                "error",
-                inst_v.path,
-                inst,
+            one_instance(
                 f"dp_size*cp={dense_group} is not divisible by num_distributed_optimizer_instances={inst}: "
-                "megatron-core cannot split the data-parallel group into equal optimizer instances",
-                {"ddp": {"num_distributed_optimizer_instances": 1}},
+                "megatron-core cannot split the data-parallel group into equal optimizer instances"
             )
         )
     else:
@@ -71,14 +71,9 @@ def _mx008(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
             edp = dp * cp * tp // (ep * etp)
             if edp % inst:
                 out.append(
-                    Finding(
-                        rule.id,
-                        "error",
-                        inst_v.path,
-                        inst,
+                    one_instance(
                         f"expert data-parallel size {edp} is not divisible by "
-                        f"num_distributed_optimizer_instances={inst}",
-                        {"ddp": {"num_distributed_optimizer_instances": 1}},
+                        f"num_distributed_optimizer_instances={inst}"
                     )
                 )
             else:

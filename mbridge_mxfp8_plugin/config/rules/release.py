@@ -36,29 +36,19 @@ def _mx009(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     if ctx.view.kind == "recipe" and not ctx.view.plugin_stated:
         if not defects:
             return _pass(rule, "no defect of the installed release applies to this config", PLUGIN_SECTION)
-        return _violation(
-            rule,
-            "warning",
-            PLUGIN_SECTION,
-            UNKNOWN,
+        why = (
             f"this file has no {PLUGIN_SECTION} section, and {ctx.installed.describe()} has defect(s) "
             f"{', '.join(defects)} for this config: the job has the plugin only if its launcher or "
-            f"script adds it. To switch it on, {_SWITCH_ON}",
-            {PLUGIN_SECTION: {"enabled": True}},
+            f"script adds it. To switch it on, {_SWITCH_ON}"
         )
+        return _violation(rule, "warning", PLUGIN_SECTION, UNKNOWN, why, {PLUGIN_SECTION: {"enabled": True}})
     if enabled.value:
         return _pass(rule, "plugin enabled", enabled.path, True)
     if not defects:
         return _pass(rule, "no defect of the installed release applies to this config", enabled.path, False)
-    return _violation(
-        rule,
-        "error",
-        enabled.path,
-        False,
-        f"the plugin is disabled but {ctx.installed.describe()} has defect(s) "
-        f"{', '.join(defects)} for this config: " + "; ".join(f"{d}: {DEFECTS[d].symptom}" for d in defects),
-        {PLUGIN_SECTION: {"enabled": True}},
-    )
+    why = f"the plugin is disabled but {ctx.installed.describe()} has defect(s) {', '.join(defects)} for "
+    why += "this config: " + "; ".join(f"{d}: {DEFECTS[d].symptom}" for d in defects)
+    return _violation(rule, "error", enabled.path, False, why, {PLUGIN_SECTION: {"enabled": True}})
 
 
 @_rule("MX010", "alignment repair where defect A is present")
@@ -72,15 +62,11 @@ def _mx010(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _na(rule, "cannot tell whether the installed megatron-core has defect A", repair.path)
     if "A" not in _relevant_defects(ctx):
         return _pass(rule, "defect A absent or not relevant", repair.path, False)
-    return _violation(
-        rule,
-        "error",
-        repair.path,
-        False,
+    why = (
         f"repair_alignment=false on {ctx.installed.describe()}: bucket offsets there ignore the "
-        "64-element padding, so MXFP8ParamSyncCallback raises MXFP8AlignmentError at train start",
-        {PLUGIN_SECTION: {"repair_alignment": True}},
+        "64-element padding, so MXFP8ParamSyncCallback raises MXFP8AlignmentError at train start"
     )
+    return _violation(rule, "error", repair.path, False, why, {PLUGIN_SECTION: {"repair_alignment": True}})
 
 
 @_rule("MX011", "known-broken release pair")
