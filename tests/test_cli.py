@@ -1,0 +1,148 @@
+"""The console script's promises, in real processes: a bad argument, a closed pipe or a missing
+dependency is one line on stderr and never a traceback, and the exit code means the same for every
+subcommand: 0 ok, 1 problems found, 2 could not run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "recipes/tiny_debug_mxfp8.yaml"
+COULD_NOT_RUN = 2
+
+
+def _cli(*args: str, isolated: bool = False, **kw: object) -> subprocess.CompletedProcess[str]:
+    """``python -m mbridge_mxfp8_plugin.cli ARGS`` from the checkout. ``isolated``: without
+    site-packages (``-S``), i.e. on a machine where torch, megatron-core, omegaconf are not installed."""
+    env = {**os.environ, "NO_VCS_VERSION": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("MXFP8_PLUGIN_TRACEBACK", None)
+    if isolated:
+        env["PYTHONPATH"] = str(ROOT)
+    cmd = [sys.executable, *(["-S"] if isolated else []), "-m", "mbridge_mxfp8_plugin.cli", *args]
+    kw.setdefault("capture_output", True)
+    return subprocess.run(cmd, text=True, cwd=ROOT, env=env, timeout=300, **kw)  # type: ignore[call-overload]
+
+
+def _one_line_failure(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+    out = (proc.stdout or "") + proc.stderr
+    assert "Traceback" not in out, out
+    assert proc.returncode == code, out
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_version():
+    proc = _cli("--version")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    expected = metadata.version("mbridge-mxfp8-plugin")  # the installed dist's METADATA, not the code
+    assert proc.stdout.strip() == f"mxfp8-plugin {expected}"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "fix"),
+    [
+        ("--eval-interval", "0", "--eval-interval 3"),
+        ("--world-size", "0", "--world-size 2"),
+        ("--train-iters", "-1", "--train-iters 9"),
+        ("--world-size", "two", "--world-size 2"),
+    ],
+)
+def test_demo_rejects_bad_counts_before_starting(flag: str, value: str, fix: str):
+    line = _one_line_failure(_cli("demo", flag, value), COULD_NOT_RUN, flag, value, fix)
+    assert line.startswith("mxfp8-plugin demo: error:")
+
+
+def test_demo_needs_an_eval_with_a_step_after_it():
+    _one_line_failure(
+        _cli("demo", "--train-iters", "3", "--eval-interval", "3"),
+        COULD_NOT_RUN,
+        "--eval-interval 3",
+        "--train-iters 3",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        ((), ("required",)),
+        (("bogus",), ("invalid choice", "bogus")),
+        (("check",), ("recipe",)),
+        (("check", TINY, "--dp-size", "0"), ("--dp-size", "0")),
+        (("check", TINY, "garbage"), ("'garbage'", "key=value")),
+        (("doctor", "--no-such-flag"), ("--no-such-flag",)),
+    ],
+    ids=["no-command", "unknown-command", "check-no-recipe", "dp-size-0", "not-an-override", "unknown-flag"],
+)
+def test_bad_arguments_are_one_line(args: tuple[str, ...], needles: tuple[str, ...]):
+    _one_line_failure(_cli(*args), COULD_NOT_RUN, *needles)
+
+
+def test_check_takes_overrides_after_options():
+    """``check FILE --dp-size 8 key=value`` means what ``check FILE key=value --dp-size 8`` means."""
+    before = _cli("check", TINY, "ddp.overlap_grad_reduce=false", "--dp-size", "8")
+    after = _cli("check", TINY, "--dp-size", "8", "ddp.overlap_grad_reduce=false")
+    plain = _cli("check", TINY, "--dp-size", "8")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert before.returncode == 1, before.stdout + before.stderr  # the override reached the rules
+    assert (after.returncode, after.stdout, after.stderr) == (before.returncode, before.stdout, before.stderr)
+
+
+def test_check_finds_a_shipped_recipe_by_name():
+    by_name = _cli("check", "tiny_debug_mxfp8", "--json")
+    by_path = _cli("check", TINY, "--json")
+    assert by_name.returncode == by_path.returncode == 0, by_name.stdout + by_name.stderr
+    assert by_name.stdout.replace("tiny_debug_mxfp8", TINY, 1) == by_path.stdout
+
+
+def test_doctor_survives_a_closed_pipe():
+    """``doctor --json | head -1``, and the harder case: the reader is gone before the first write."""
+    piped = subprocess.run(
+        f"{sys.executable} -m mbridge_mxfp8_plugin.cli doctor --json | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert piped.stdout == "{\n" and piped.stderr == "", piped.stderr
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = _cli("doctor", "--json", stdout=write_end, stderr=subprocess.PIPE, capture_output=False)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in proc.stderr and proc.stderr == "", proc.stderr
+    assert proc.returncode == 0  # the report was made; only its reader left
+
+
+def test_doctor_without_megatron_core_could_not_run():
+    _one_line_failure(_cli("doctor", isolated=True), COULD_NOT_RUN, "megatron-core is not installed")
+    proc = _cli("doctor", "--json", isolated=True)
+    _one_line_failure(proc, COULD_NOT_RUN, "megatron-core")
+    assert '"error"' in proc.stdout
+
+
+def test_missing_dependencies_are_one_line():
+    _one_line_failure(_cli("demo", isolated=True), COULD_NOT_RUN, "'torch'", "pip install torch")
+    _one_line_failure(_cli("check", TINY, isolated=True), COULD_NOT_RUN, "omegaconf")
+
+
+_REST = re.compile(r":[a-z]+:`|``")
+
+
+@pytest.mark.parametrize("command", [None, "check", "doctor", "demo"])
+def test_help_is_plain_text(command: str | None):
+    proc = _cli(*([command] if command else []), "--help")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "usage: mxfp8-plugin" in proc.stdout
+    assert not _REST.findall(proc.stdout), proc.stdout
