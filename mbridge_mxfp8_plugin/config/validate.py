@@ -7,10 +7,11 @@ one pair of it (with an ``assert``). Most wrong combinations therefore do not fa
 on gradients read as weights or with a knob silently reset. :func:`validate_config` names every
 such problem at once, with the knob path, the value seen and the YAML that fixes it.
 
-The flow, one module per step (:mod:`.config`): ``read`` (a recipe file, exactly as Bridge reads
-it) -> ``view`` (the values, with Bridge's precedence) -> ``rules`` -> ``report``. The runtime
-check on live buckets is :func:`check_bucket_alignment` (defect A can only be seen on a built
-model); the adapters' train-start check is :mod:`.live_check`.
+This module runs the column's steps in order: ``view`` (what is written) -> ``effective``
+(Bridge's precedence) -> ``rules`` -> ``report``; reading a recipe file is :mod:`.read`'s job.
+The installed release pair comes from :mod:`..probes` (files only: no torch, no megatron-core).
+The runtime side (live buckets, the adapters' train-start check) calls in here; nothing here
+calls out to it.
 """
 
 from __future__ import annotations
