@@ -21,18 +21,44 @@ __all__ = ["add_check_parser", "run_check"]
 EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE = 0, 1, 2
 
 
+def _override(text: str) -> str:
+    """An argparse ``type``: Hydra's override forms, so a stray word is named here in one line
+    instead of surfacing as a lexer error from deep inside Hydra."""
+    if "=" in text.lstrip("+~") or text.startswith("~"):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not an override: expected dotted.key=value (or +key=value to add, ~key to delete)"
+    )
+
+
 def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from .cli import positive_int
+
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "check",
-        help="validate a recipe YAML for MXFP8 param gather (exit 0 ok, 1 errors, 2 unreadable)",
+        help="validate a recipe YAML for MXFP8 param gather (exit 0 ok, 1 errors, 2 could not read it)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("recipe", help="recipe YAML (Megatron-Bridge override format + mxfp8_plugin section)")
     parser.add_argument(
-        "overrides", nargs="*", help="Hydra-style overrides: dotted.key=value, +key=value, ~key"
+        "recipe",
+        help="recipe YAML (Megatron-Bridge override format + mxfp8_plugin section), "
+        "or the name of a shipped recipe, e.g. tiny_debug_mxfp8",
     )
-    parser.add_argument("--dp-size", type=int, default=None, help="data-parallel size, for the padding rule")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        default=[],  # else argparse lists it as required when the recipe is missing
+        type=_override,
+        help="Hydra-style overrides, before or after the options: dotted.key=value, +key=value, ~key",
+    )
+    parser.add_argument(
+        "--dp-size",
+        type=positive_int("--dp-size", 8),
+        default=None,
+        metavar="N",
+        help="data-parallel size, for the padding rule",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--fail-on-warning", action="store_true", help="exit 1 on warnings too (for CI)")
     parser.set_defaults(func=_cmd_check)
@@ -63,6 +89,7 @@ def run_check(
     """The command's body, callable from tests; returns the exit code."""
     from .config.read import RecipeError, read_recipe_file
     from .errors import MXFP8PluginError
+    from .recipe_files import resolve_recipe  # a path, or a shipped recipe's name
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -70,7 +97,7 @@ def run_check(
         _emit_unreadable(f"--dp-size must be >= 1, got {dp_size}", as_json, out, err)
         return EXIT_UNREADABLE
     try:
-        recipe_input = read_recipe_file(recipe, overrides or ())
+        recipe_input = read_recipe_file(resolve_recipe(recipe), overrides or ())
     except RecipeError as exc:
         _emit_unreadable(str(exc), as_json, out, err)
         return EXIT_UNREADABLE
