@@ -22,9 +22,9 @@ along the last dimension:
 * the biased E8M0 exponent ``e`` is ``amax * fp32(1/448)`` (one fp32 product, round to nearest)
   rounded *up* to a power of two: the fp32 exponent field, plus one if any mantissa bit is set,
   except that a product at or below 2**-127 gives 0 and nothing rounds past 254 (an infinite
-  amax gives 254). IEEE subnormals are kept, as in TE's software path, which is what Hopper runs
-  and what Blackwell's ``cvt.rp.satfinite.ue8m0x2`` computes; a TE build that flushes fp32
-  subnormals would differ only for amax below ``448 * 2**-126`` (about 1e-35);
+  amax gives 254). This is TE's software path (pre-Blackwell), written to match Blackwell's
+  ``cvt.rp.satfinite.ue8m0x2``; IEEE subnormal products are kept, so a build that flushes them
+  would differ only for amax below ``448 * 2**-126`` (about 1e-35);
 * each element is ``fp8_e4m3(x * m)``, round-to-nearest-even, saturating at +-448, with
   ``m = 2**(127 - e)``, except ``m = 1`` for ``e == 0`` (an all-zero block keeps its zeros; a
   block with amax <= ``448 * 2**-127`` is flushed to zeros) and ``m = 0`` for ``e == 254``
