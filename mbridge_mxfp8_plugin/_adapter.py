@@ -23,7 +23,7 @@ from .sync import ParamSyncEngine, SyncStats
 __all__ = ["HISTORY_LENGTH", "EngineHolder", "inactive_reason", "validate_live_job"]
 
 #: Events an entry point remembers in ``history`` (for logs and tests); older ones are dropped.
-HISTORY_LENGTH = 256
+HISTORY_LENGTH = 1024
 
 
 def inactive_reason(chunks: Sequence[Any]) -> str | None:
@@ -43,7 +43,7 @@ class EngineHolder:
     """The state every entry point keeps: its options, the shared engine of its model chunks (or
     why there is none), and the last events with what they did.
 
-    Subclasses call :meth:`_hold` from ``__init__`` and name themselves in ``framework``.
+    Subclasses call :meth:`_take_options` from ``__init__`` and name themselves in ``framework``.
     """
 
     framework = ""
@@ -53,7 +53,7 @@ class EngineHolder:
     last_stats: SyncStats | None
     history: deque[tuple[str, SyncStats]]
 
-    def _hold(self, options: PluginOptions | None, overrides: dict[str, Any]) -> None:
+    def _take_options(self, options: PluginOptions | None, overrides: dict[str, Any]) -> None:
         if options is not None and not isinstance(options, PluginOptions):
             raise MXFP8UsageError(
                 f"{type(self).__name__} takes a PluginOptions as its first argument, got "
@@ -132,6 +132,18 @@ class EngineHolder:
             log_rank_zero(
                 logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors()
             )
+
+    def _eval_starts(self, engine: ParamSyncEngine, event: str, *, gathered_fresh: bool | None) -> None:
+        """Eval or test reads the weights next (``gathered_fresh`` as in ``before_eval``)."""
+        if engine.optimizer is None:
+            # validate()/test() without training: param.data is what was initialised or loaded and
+            # the shared buffer holds no params; the engine keeps the pre-hooks from gathering it.
+            log_rank_zero(
+                logging.INFO,
+                "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.",
+                event,
+            )
+        self._record(event, engine.before_eval(gathered_fresh=gathered_fresh))
 
     def _record(self, event: str, stats: SyncStats) -> None:
         self.last_stats = stats

@@ -70,7 +70,7 @@ class MXFP8ParamSync(EngineHolder):
     framework = "loop API"
 
     def __init__(self, model_chunks: Sequence[Any], optimizer: Any, options: PluginOptions) -> None:
-        self._hold(options, {})
+        self._take_options(options, {})
         self.model_chunks = _as_chunks(model_chunks)
         self._stepped = False
         if self._disabled():

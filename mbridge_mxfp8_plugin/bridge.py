@@ -27,14 +27,12 @@ What each hook reads and does (Bridge fires them from ``train()`` and ``evaluate
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
 import torch
 
 from ._adapter import EngineHolder
-from ._log import log_rank_zero
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .sync import ParamSyncEngine
@@ -59,7 +57,7 @@ class MXFP8ParamSyncCallback(EngineHolder):
     framework = "Bridge"
 
     def __init__(self, options: PluginOptions | None = None, **overrides: Any) -> None:
-        self._hold(options, overrides)
+        self._take_options(options, overrides)
         #: Bridge >= 0.5 fires on_checkpoint_save after each save (and we re-stage there)
         self._save_seen = False
         self._last_step_end: float | None = None
@@ -187,16 +185,9 @@ class MXFP8ParamSyncCallback(EngineHolder):
 
     def _before_eval(self, context: Any, event: str) -> None:
         engine = self._engine(context)
-        if engine is None:
-            return
-        if engine.optimizer is None:
-            log_rank_zero(
-                logging.INFO,
-                "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.",
-                event,
-            )
-        # The engine judges whether the loop's forced gather collected what it staged.
-        self._record(event, engine.before_eval())
+        if engine is not None:
+            # The engine judges whether the loop's forced gather collected what it staged.
+            self._eval_starts(engine, event, gathered_fresh=None)
 
     def _after_eval(self, context: Any, event: str) -> None:
         engine = self._engine(context)

@@ -23,7 +23,6 @@ decide where the fixes must go:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,7 +34,6 @@ except ImportError as _exc:  # the extra is not installed
     ) from _exc
 
 from ._adapter import EngineHolder
-from ._log import log_rank_zero
 from .buckets import is_megatron_ddp, is_megatron_fsdp
 from .errors import MXFP8UsageError
 from .options import PluginOptions
@@ -146,7 +144,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
     ) -> None:
         self.model_getter = model_getter
         self.optimizer_getter = optimizer_getter
-        self._hold(options, overrides)
+        self._take_options(options, overrides)
         self._stepped = False
 
     # ------------------------------------------------------------------ Lightning conventions
@@ -299,19 +297,10 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         engine = self.engine
         if engine is None:
             engine = self._engine(trainer, pl_module, need_optimizer=False)
-        if engine is None:
-            return
-        if engine.optimizer is None:
-            # validate()/test() without fit: param.data is what was initialised or loaded, and the
-            # shared buffer holds no params; keep the pre-hooks from gathering over the weights.
-            log_rank_zero(
-                logging.INFO,
-                "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.",
-                event,
-            )
-        # Also right for the sanity check before any step: the main params equal the weights then.
-        # Lightning loops never force a sync right before validation: no forced gather to reuse.
-        self._record(event, engine.before_eval(gathered_fresh=False))
+        if engine is not None:
+            # Lightning loops never force a sync right before validation: no forced gather to
+            # reuse. Also right for the sanity check before any step (main params = weights).
+            self._eval_starts(engine, event, gathered_fresh=False)
 
     def _after_eval(self, event: str) -> None:
         engine = self.engine
