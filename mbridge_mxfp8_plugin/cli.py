@@ -227,7 +227,10 @@ def _one_line(exc: Exception, command: str) -> str:
     if isinstance(exc, ModuleNotFoundError) and module and module != __package__:
         hint = _INSTALL_HINT.get(module, f"pip install {module}")
         return f"{_prog(command)}: error: needs the Python package {module!r}, which is not installed; {hint}"
-    message = " ".join(str(exc).split()) or "(no message)"
+    # A rank's failure carries the rank's traceback text: keep its headline and the error itself.
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("Traceback", "File ", "^", "~"))]
+    message = " ... ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else "(no message)"
     return (
         f"{_prog(command)}: error: {type(exc).__name__}: {message} "
         "(set MXFP8_PLUGIN_TRACEBACK=1 for the traceback)"

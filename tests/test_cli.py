@@ -146,3 +146,27 @@ def test_help_is_plain_text(command: str | None):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "usage: mxfp8-plugin" in proc.stdout
     assert not _REST.findall(proc.stdout), proc.stdout
+
+
+def test_an_unexpected_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+    """A failing rank's error arrives carrying that rank's traceback text; the user sees its headline
+    and the error, on one line (MXFP8_PLUGIN_TRACEBACK=1 shows the rest)."""
+    from mbridge_mxfp8_plugin import cli, demo
+
+    rank_error = (
+        'rank 1 failed:\nTraceback (most recent call last):\n  File "toy.py", line 3, in step\n'
+        "    loss.backward()\nRuntimeError: gloo connection reset"
+    )
+
+    def fail(**_: object) -> int:
+        raise RuntimeError(rank_error)
+
+    monkeypatch.delenv("MXFP8_PLUGIN_TRACEBACK", raising=False)
+    monkeypatch.setattr(demo, "run_demo", fail)
+    assert cli.main(["demo"]) == COULD_NOT_RUN
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "rank 1 failed" in err and "gloo connection reset" in err
+    monkeypatch.setenv("MXFP8_PLUGIN_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="gloo connection reset"):
+        cli.main(["demo"])
