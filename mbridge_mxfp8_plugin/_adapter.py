@@ -75,6 +75,7 @@ class EngineHolder:
         """``enabled=False``: no engine is built and no event does anything; said once."""
         if self.options.enabled:
             return False
+        self.inactive_reason = "enabled=False"
         if not self._disabled_logged:
             self._disabled_logged = True
             log_rank_zero(

@@ -74,7 +74,6 @@ class MXFP8ParamSync(EngineHolder):
         self.model_chunks = _as_chunks(model_chunks)
         self._stepped = False
         if self._disabled():
-            self.inactive_reason = "enabled=False"
             return
         engine = self._bind(self.model_chunks, optimizer)
         if engine is not None:

@@ -52,7 +52,7 @@ def test_bridge_callback_is_inert_when_disabled(caplog, enabled):
     if enabled:  # control: the same hooks build an engine and record the evals
         assert cb.engine is not None and cb.history and _disabled_lines(caplog) == 0
     else:
-        assert cb.engine is None and not cb.history and cb.inactive_reason is None
+        assert cb.engine is None and not cb.history and cb.inactive_reason == "enabled=False"
         assert _disabled_lines(caplog) == 1 and "active" not in caplog.text.replace("inactive", "")
 
 
@@ -80,7 +80,8 @@ def test_lightning_callback_is_inert_when_disabled(caplog, enabled):
     else:
         # ... which a disabled callback never looks for.
         cb.on_fit_start(trainer, None)
-        assert cb.engine is None and not cb.history and _disabled_lines(caplog) == 1
+        assert cb.engine is None and not cb.history and cb.inactive_reason == "enabled=False"
+        assert _disabled_lines(caplog) == 1
 
 
 @pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
