@@ -16,12 +16,13 @@ the launcher answers before building the job).
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import sys
+import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,28 @@ def tiny_gpt_config() -> Any:
     cfg = build_config(JobSpec(mode="reference"), torch.distributed.get_world_size())
     cfg.model.register_pre_wrap_hook(lambda model: _to_mxfp8(model, []))
     return cfg
+
+
+@contextlib.contextmanager
+def _mxfp8_mixed_precision_without_te() -> Iterator[None]:
+    """Bridge's ``MixedPrecisionConfig.setup`` as it is, except that the model is not asked for
+    Transformer Engine's fp8 (``fp8``, ``fp8_param``: TE autocast and fp8 model init, absent on
+    CPU). The emulated MXFP8 params of the pre-wrap hook stand in for TE's fp8 model init; the
+    ddp and optimizer knobs (fp8 param gather, grad-buffer reuse) are set exactly as on GPUs."""
+    from megatron.bridge.training.mixed_precision import MixedPrecisionConfig
+
+    setup = MixedPrecisionConfig.setup
+
+    def cpu_setup(self: Any, model_config: Any, *args: Any, **kwargs: Any) -> None:
+        setup(self, model_config, *args, **kwargs)
+        model_config.fp8 = None
+        model_config.fp8_param = False
+
+    MixedPrecisionConfig.setup = cpu_setup  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MixedPrecisionConfig.setup = setup  # type: ignore[method-assign]
 
 
 @dataclass
@@ -58,6 +81,7 @@ _KNOBS = (
     ("optimizer", "reuse_grad_buf_for_mxfp8_param_ag"),
     ("optimizer", "fp8_recipe"),
     ("optimizer", "overlap_param_gather"),
+    ("model", "fp8_recipe"),
     ("train", "train_iters"),
     ("train", "global_batch_size"),
 )
@@ -74,14 +98,24 @@ class _KnobProbe:
 
 
 @contextlib.contextmanager
-def _stderr_and_fresh_plugin_logger(buf: io.StringIO) -> Any:
-    """Capture stderr (the handler the launcher installs binds to it when created); afterwards
-    put the plugin's logger back as a fresh process has it, so each run installs its own."""
+def _stderr_and_fresh_plugin_logger(out: list[str]) -> Iterator[None]:
+    """Capture file descriptor 2, whichever handler writes there (the one the launcher installs,
+    or a root handler: Bridge's mixed-precision setup calls ``logging.debug``, which runs
+    ``basicConfig`` on an unconfigured root). Afterwards put the plugin's logger back as a fresh
+    process has it, so each run installs its own."""
     plugin_logger = logging.getLogger("mbridge_mxfp8_plugin")
-    with contextlib.redirect_stderr(buf):
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
         try:
             yield
         finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read().decode(errors="replace"))
             for handler in list(plugin_logger.handlers):
                 plugin_logger.removeHandler(handler)
             plugin_logger.setLevel(logging.NOTSET)
@@ -94,7 +128,7 @@ def run_rank(yaml_path: str) -> dict[str, LauncherRun]:
     from harness.bridge_cpu import bridge_on_cpu
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
 
-    with bridge_on_cpu(), emulated_mxfp8(), _dequantize_like_te2():
+    with bridge_on_cpu(), emulated_mxfp8(), _dequantize_like_te2(), _mxfp8_mixed_precision_without_te():
         return {
             "direct": _direct(yaml_path),
             "launcher": _launched(yaml_path, []),
@@ -114,6 +148,7 @@ def _direct(yaml_path: str) -> LauncherRun:
 
     run = LauncherRun(RankResult())
     cfg = build_config(JobSpec(mode="plugin"), torch.distributed.get_world_size())
+    cfg.mixed_precision = "bf16_with_mxfp8_mixed"  # as the YAML says
     cfg.model.register_pre_wrap_hook(lambda model: _to_mxfp8(model, run.result.mxfp8_param_names))
     options = load_recipe(yaml_path)[1]
     began = time.monotonic()
@@ -130,9 +165,9 @@ def _launched(yaml_path: str, extra: list[str]) -> LauncherRun:
     from mbridge_mxfp8_plugin.launch import main
 
     run = LauncherRun(RankResult())
-    buf = io.StringIO()
+    captured: list[str] = []
     began = time.monotonic()
-    with _stderr_and_fresh_plugin_logger(buf):
+    with _stderr_and_fresh_plugin_logger(captured):
         try:
             run.rc = main(
                 ["--recipe", RECIPE, "--config-file", yaml_path, *extra],
@@ -142,5 +177,5 @@ def _launched(yaml_path: str, extra: list[str]) -> LauncherRun:
             run.rc = -1
             print(f"raised {exc!r}", file=sys.stderr)
     run.result.wall_s = time.monotonic() - began
-    run.log = buf.getvalue()
+    run.log = captured[0]
     return run
