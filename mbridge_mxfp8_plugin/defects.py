@@ -1,8 +1,11 @@
-"""The one defect table, and which of its defects a probed stack has.
+"""The one defect table and the one hazard table, and which of them a probed stack has.
 
-``doctor`` renders this table, ``check`` (MX009) quotes it, the README and docs cite it. Which
-defects are present is decided here once, from behaviours probed elsewhere
-(:mod:`.probes`); this module imports nothing of the package, so every layer may read it.
+``doctor`` renders both tables, ``check`` quotes them (MX009 the defects; MX007 and MX014-MX016
+the hazards), the README and docs cite them. A *defect* is what the plugin repairs; a *hazard* is
+a known upstream failure around MXFP8 reuse that it cannot repair, so ``check`` and the
+train-start check refuse the config and name the YAML that avoids it. Which ones a stack has is
+decided here once, from behaviours probed elsewhere (:mod:`.probes`); this module imports nothing
+of the package, so every layer may read it.
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ from typing import Protocol
 
 __all__ = [
     "DEFECTS",
+    "HAZARDS",
     "TRAINING_DEFECTS",
     "CoreSide",
     "Defect",
+    "Hazard",
+    "HazardSide",
     "LoopStaging",
     "core_defects",
     "defects_present",
+    "hazards_exposed",
 ]
 
 
@@ -128,3 +135,106 @@ def defects_present(core: CoreSide | None, loop: LoopStaging | None) -> dict[str
     present["B2"] = loop is None or not loop.stages_before_every_forced_sync
     present["E"] = True
     return {d: present[d] for d in DEFECTS}
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """A known upstream failure with MXFP8 reuse that the plugin cannot repair; its ``id`` is the
+    ``check`` rule that refuses it."""
+
+    id: str
+    title: str
+    #: What goes wrong, and when.
+    symptom: str
+    #: The upstream issue / pull request that describes or fixes it.
+    reference: str
+    #: The release that fixed it (or that rejects the combination), or "not fixed upstream".
+    fixed_in: str
+    #: The YAML that avoids it.
+    fix: str
+
+
+HAZARDS: dict[str, Hazard] = {
+    h.id: h
+    for h in (
+        Hazard(
+            "MX007",
+            "overlap_param_gather_with_optimizer_step with reuse",
+            "the first chained optimizer dispatches the param all-gather of the shared buffer inside the "
+            "optimizer step, a path the reuse code does not support; megatron-core < 0.19 accepts the "
+            "config without a word",
+            "megatron-core 0.19.0 rejects it in OptimizerConfig.__post_init__ (with the forced-sync fix "
+            "of Megatron-LM #5236)",
+            "megatron-core 0.19.0 (ValueError at config time)",
+            "optimizer:\n  overlap_param_gather_with_optimizer_step: false",
+        ),
+        Hazard(
+            "MX014",
+            "MoE + reuse without overlapped param gather",
+            "the dense and the expert distributed optimizer of one ChainedOptimizer share the model "
+            "chunk's buffer; with overlap_param_gather=false each one's param sync zeroes it before the "
+            "other staged its main params: expert weights become zeros, the loss NaN",
+            "Megatron-LM #4800 (deferred MXFP8 param sync in ChainedOptimizer.step_with_ready_grads); "
+            "the assertion of #2271 was reverted in #2901",
+            "megatron-core 0.18.0",
+            "ddp:\n  overlap_param_gather: true\n  overlap_grad_reduce: true\noptimizer:\n"
+            "  overlap_param_gather: true\n# or install megatron-core >= 0.18",
+        ),
+        Hazard(
+            "MX015",
+            "full-iteration CUDA graphs with MXFP8 reuse",
+            "the training loop skips staging the main params while the forward pre-hooks are off (the "
+            "first iteration), but the captured graph replays its all-gather unconditionally: zero "
+            "weights, zero grad norm and a wrong loss on the first graphed step",
+            "Megatron-Bridge #3076 (train.py stages when a full-iteration graph was captured)",
+            "Megatron-Bridge 0.5.0",
+            "model:\n  cuda_graph_impl: none   # or transformer_engine with layer scopes\n"
+            "# or install Megatron-Bridge >= 0.5",
+        ),
+        Hazard(
+            "MX016",
+            "FP8 params with optimizer CPU offload",
+            "optimizer_cpu_offload forces the precision-aware distributed-optimizer path, which leaves "
+            "None where each FP8 param shard should be; HybridDeviceOptimizer's param groups reject it: "
+            "crash at optimizer build ('optimizer can only optimize Tensors')",
+            "Megatron-LM #5083 (open; feature request #2407, unmerged PR #2788); Megatron-LM's own "
+            "arguments reject --optimizer-cpu-offload with --fp8-param-gather unless --fp8-recipe delayed",
+            "not fixed upstream",
+            "optimizer:\n  optimizer_cpu_offload: false",
+        ),
+    )
+}
+
+
+class HazardSide(Protocol):
+    """What :func:`hazards_exposed` needs of a probe
+    (:class:`mbridge_mxfp8_plugin.probes.HazardBehaviour`); ``None``: not known."""
+
+    @property
+    def defers_chained_mxfp8_sync(self) -> bool | None: ...
+
+    @property
+    def rejects_step_overlap_with_reuse(self) -> bool | None: ...
+
+    @property
+    def cpu_offload_drops_fp8_params(self) -> bool | None: ...
+
+    @property
+    def stages_for_full_iteration_graph(self) -> bool | None: ...
+
+
+def _negated(value: bool | None) -> bool | None:
+    return None if value is None else not value
+
+
+def hazards_exposed(probe: HazardSide | None) -> dict[str, bool | None]:
+    """Every hazard of :data:`HAZARDS` -> this stack lets a config hit it silently (``None``:
+    unknown). MX007 counts as not exposed where megatron-core rejects the config itself."""
+    if probe is None:
+        return dict.fromkeys(HAZARDS)
+    return {
+        "MX007": _negated(probe.rejects_step_overlap_with_reuse),
+        "MX014": _negated(probe.defers_chained_mxfp8_sync),
+        "MX015": _negated(probe.stages_for_full_iteration_graph),
+        "MX016": probe.cpu_offload_drops_fp8_params,
+    }

@@ -1,8 +1,11 @@
 """``mxfp8-plugin doctor``: which MXFP8 param-gather defects the installed stack has, and the fix.
 
 Renders the one defect table (:data:`mbridge_mxfp8_plugin.defects.DEFECTS`) for the installed
-stack. Which defects are present is decided in :func:`mbridge_mxfp8_plugin.defects.defects_present`
-from the installed sources read as text (megatron-core's param-sync files, Megatron-Bridge's
+stack, and the hazards it is exposed to (:data:`mbridge_mxfp8_plugin.defects.HAZARDS`: upstream
+failures the plugin cannot repair, which ``check`` refuses under the same rule ids). Which are
+present is decided in :func:`mbridge_mxfp8_plugin.defects.defects_present` and
+:func:`~mbridge_mxfp8_plugin.defects.hazards_exposed` from the installed sources read as text
+(megatron-core's param-sync and optimizer files, Megatron-Bridge's training package:
 ``training/train.py``), never from version strings and without importing torch, megatron-core or
 Bridge (importing Bridge needs Transformer Engine). ``--json`` prints the same report
 machine-readably. Exit codes: 0 the report is complete (defects present are not an error: they are
@@ -17,8 +20,8 @@ import json
 import sys
 from typing import Any, TextIO
 
-from .defects import DEFECTS, TRAINING_DEFECTS, defects_present
-from .probes import installed_versions, probe_bridge_files, probe_core_files
+from .defects import DEFECTS, HAZARDS, TRAINING_DEFECTS, defects_present, hazards_exposed
+from .probes import installed_versions, probe_bridge_files, probe_core_files, probe_hazard_files
 
 __all__ = ["add_doctor_parser", "diagnose", "render"]
 
@@ -58,6 +61,7 @@ def diagnose() -> dict[str, Any]:
     report["bridge_loop"] = loop.as_dict() if loop else None
     core = probe_core_files()
     report["core"] = core.as_dict() if core else None
+    report["hazards"] = _hazards()
     if core is None:
         report["error"] = (
             "megatron-core is not installed (no megatron/core/distributed/param_and_grad_buffer.py): "
@@ -92,6 +96,39 @@ def diagnose() -> dict[str, Any]:
     return report
 
 
+def _hazards() -> dict[str, Any]:
+    """Hazard id -> whether this pair lets a config hit it silently, with the reference and fix."""
+    exposed = hazards_exposed(probe_hazard_files())
+    return {
+        h.id: {
+            "exposed": exposed[h.id],
+            "title": h.title,
+            "what": h.symptom,
+            "reference": h.reference,
+            "fixed_in": h.fixed_in,
+            "fix": h.fix,
+        }
+        for h in HAZARDS.values()
+    }
+
+
+def _render_hazards(hazards: dict[str, Any], p: Any) -> None:
+    p("hazards the plugin cannot repair (check refuses them under these ids):")
+    for hid, info in hazards.items():
+        if hid == "MX007" and info["exposed"] is False:
+            mark = "rejected by megatron-core at config time"
+        else:
+            mark = {True: "EXPOSED", False: "fixed", None: "unknown (package not installed)"}[info["exposed"]]
+        p(f"  {hid} {info['title']}: {mark}")
+        if info["exposed"] is not False:
+            p(f"        {info['what']}")
+        p(f"        upstream: {info['reference']}; fixed in: {info['fixed_in']}")
+        if info["exposed"] is not False:
+            p("        avoid with: " + info["fix"].replace("\n", "\n                    "))
+    listed = [hid for hid, info in hazards.items() if info["exposed"]]
+    p(f"hazards exposed: {', '.join(listed) or 'none'}")
+
+
 def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p("mxfp8-plugin doctor")
@@ -113,8 +150,13 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
         p("Megatron-Bridge: not installed (B2 judged for a loop that does not stage)")
     if report.get("error"):
         p(f"error: {report['error']}")
-    if not report["defects"]:
-        return
+    if report["defects"]:
+        _render_defects(report, p)
+    if report.get("hazards"):
+        _render_hazards(report["hazards"], p)
+
+
+def _render_defects(report: dict[str, Any], p: Any) -> None:
     p("defects (MXFP8 params + fp8_param_gather + reuse_grad_buf_for_mxfp8_param_ag + overlap_param_gather):")
     for d, info in report["defects"].items():
         mark = {True: "PRESENT", False: "fixed  ", None: "unknown"}[info["present"]]

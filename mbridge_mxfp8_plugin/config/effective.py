@@ -78,6 +78,24 @@ class EffectiveConfig:
             return self.distopt()
         return self.view.raw("optimizer", knob)
 
+    def model(self, knob: str) -> Val:
+        """A model knob; ``mixed_precision`` owns the fp8 ones (Bridge)."""
+        owned = self._mp_owned("model", knob)
+        return owned if owned is not None else self.view.raw("model", knob)
+
+    def fp8_params(self) -> Val:
+        """Params kept in FP8: ``fp8_param_gather`` (ddp) or the model's ``fp8_param``; the first
+        one stated true, else the first stated, else unknown. Bridge's ``MixedPrecisionConfig``
+        keeps the two equal, so there ``fp8_param_gather`` alone decides."""
+        if self.bridge_semantics and self.view.mp_present:
+            return self.ddp("fp8_param_gather")
+        vals = (self.ddp("fp8_param_gather"), self.model("fp8_param"))
+        for v in vals:
+            if v.known and v.value:
+                return v
+        known = [v for v in vals if v.known]
+        return known[0] if len(known) == len(vals) else Val(UNKNOWN, vals[0].path)
+
     def distopt(self) -> Val:
         """Bridge turns the distributed optimizer on in both sections if either asks for it."""
         d, o = (

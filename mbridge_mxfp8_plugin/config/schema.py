@@ -155,7 +155,15 @@ MODEL_KNOBS: dict[str, Any] = {
     "fp8": str | None,
     "fp8_recipe": str | None,
     "fp8_param": bool | None,
+    "num_moe_experts": int | None,
+    # a string, a comma-separated string or a list; enum members on a live config
+    "cuda_graph_impl": str,
+    "cuda_graph_scope": Any,
 }
+
+#: Model knobs read from live config objects only: fields some releases lack (megatron-core
+#: 0.19's ``cuda_graph_modules``), so a recipe key is judged by the installed release's fields.
+MODEL_OBJECT_KNOBS: dict[str, Any] = {**MODEL_KNOBS, "cuda_graph_modules": Any}
 
 DIST_KNOBS: dict[str, Any] = {"use_megatron_fsdp": bool}
 COMM_OVERLAP_KNOBS: dict[str, Any] = {

@@ -46,6 +46,7 @@ from .schema import (
     MIXED_PRECISION_FIELDS,
     MIXED_PRECISION_RECIPES,
     MODEL_KNOBS,
+    MODEL_OBJECT_KNOBS,
     normalize_recipe_name,
 )
 
@@ -88,6 +89,8 @@ OPT_KNOBS = (
     "overlap_param_gather_with_optimizer_step",
     "reuse_grad_buf_for_mxfp8_param_ag",
     "fp8_recipe",
+    "optimizer_cpu_offload",
+    "use_precision_aware_optimizer",
 )
 
 
@@ -471,7 +474,7 @@ def read_config(
         view = ConfigView(kind="bridge")
         _read_object(view, "ddp", cfg.ddp, DDP_KNOBS)
         _read_object(view, "optimizer", cfg.optimizer, OPT_KNOBS)
-        _read_object(view, "model", getattr(cfg, "model", None), MODEL_KNOBS)
+        _read_object(view, "model", getattr(cfg, "model", None), MODEL_OBJECT_KNOBS)
         _read_object(view, "dist", getattr(cfg, "dist", None), DIST_KNOBS)
         if getattr(cfg, "comm_overlap", None) is not None:
             _read_object(view, "comm_overlap", cfg.comm_overlap, COMM_OVERLAP_KNOBS)
@@ -500,7 +503,7 @@ def read_config(
         raise MXFP8UsageError("validate_config needs megatron-core's DistributedDataParallelConfig (ddp=...)")
     _read_object(view, "ddp", slots["ddp"], DDP_KNOBS)
     _read_object(view, "optimizer", slots.get("optimizer"), OPT_KNOBS if "optimizer" in slots else ())
-    _read_object(view, "model", slots.get("model"), MODEL_KNOBS)
+    _read_object(view, "model", slots.get("model"), MODEL_OBJECT_KNOBS)
     _plugin_from_option(view, plugin)
     dp = view.plugin.get("dp_size")
     view.data_parallel_size = dp if isinstance(dp, int) and not isinstance(dp, bool) else None

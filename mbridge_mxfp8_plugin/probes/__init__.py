@@ -2,7 +2,8 @@
 
 One record per thing probed: :class:`CoreBehaviour` (megatron-core's param sync, from the
 imported classes or from the installed files), :class:`BridgeLoopBehaviour` (a training loop's
-staging), :class:`InstalledStack` (the release pair, for the config check), plus one version
+staging), :class:`HazardBehaviour` (the known hazards the plugin cannot repair),
+:class:`InstalledStack` (the release pair, for the config check), plus one version
 reader. Nothing here imports torch or megatron-core at import time.
 """
 
@@ -11,12 +12,14 @@ from __future__ import annotations
 from ._source import module_file
 from .bridge import BridgeLoopBehaviour, bridge_training_dir, probe_bridge_files, probe_live_loop
 from .core import CoreBehaviour, core_package_dir, probe_bucket_offsets, probe_core, probe_core_files
+from .hazards import HazardBehaviour, probe_hazard_files
 from .stack import InstalledStack
 from .versions import installed_version, installed_versions
 
 __all__ = [
     "BridgeLoopBehaviour",
     "CoreBehaviour",
+    "HazardBehaviour",
     "InstalledStack",
     "bridge_training_dir",
     "core_package_dir",
@@ -27,5 +30,6 @@ __all__ = [
     "probe_bucket_offsets",
     "probe_core",
     "probe_core_files",
+    "probe_hazard_files",
     "probe_live_loop",
 ]

@@ -15,6 +15,7 @@ from ..defects import core_defects
 from ._source import read_text
 from .bridge import bridge_training_dir
 from .core import CoreBehaviour, probe_core_files
+from .hazards import HazardBehaviour, probe_hazard_files
 from .versions import installed_versions
 
 __all__ = ["InstalledStack"]
@@ -36,6 +37,9 @@ class InstalledStack:
     #: (Bridge 0.6); ``None`` when Megatron-Bridge is not installed.
     bridge_calls_prepare: bool | None
     versions: Mapping[str, str | None] = field(default_factory=dict)
+    #: What the pair does about the known hazards (MX007, MX014-MX016); ``None``: not probed,
+    #: and those rules judge the config alone.
+    hazards: HazardBehaviour | None = None
 
     @classmethod
     def detect(cls) -> InstalledStack:
@@ -46,6 +50,7 @@ class InstalledStack:
             core=probe_core_files(),
             bridge_calls_prepare=None if train_py is None else _CALLS_PREPARE in train_py,
             versions=installed_versions(),
+            hazards=probe_hazard_files(),
         )
 
     @property

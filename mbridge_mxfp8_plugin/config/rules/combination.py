@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._yamltypes import yaml_literal as _y
+from ...defects import HAZARDS
 from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult, Severity
 from ..schema import MP_OWNED_KNOBS
@@ -319,12 +320,24 @@ def _mx007(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _pass(rule, "overlap_param_gather_with_optimizer_step off", ws.path, ws.value)
     if not ctx.reuse_anywhere():
         return _pass(rule, "reuse off", ws.path, True)
+    hazards = ctx.installed.hazards if ctx.installed is not None else None
+    rejects = hazards.rejects_step_overlap_with_reuse if hazards is not None else None
+    where = ctx.installed.describe() if ctx.installed is not None else "the installed release pair"
+    if rejects:
+        verdict = f"{where} rejects it at config time (ValueError in OptimizerConfig.__post_init__)"
+    elif rejects is False:
+        verdict = f"{where} accepts it without supporting it ({HAZARDS['MX007'].symptom})"
+    else:
+        verdict = (
+            "megatron-core 0.19 rejects it at config time; earlier releases accept it without supporting it"
+        )
     why = (
         "overlap_param_gather_with_optimizer_step=true is not supported with "
-        "reuse_grad_buf_for_mxfp8_param_ag: megatron-core 0.19 rejects it (ValueError in "
-        "OptimizerConfig); earlier releases accept it without supporting it"
+        f"reuse_grad_buf_for_mxfp8_param_ag: {verdict} ({HAZARDS['MX007'].reference})"
     )
     fix = {"optimizer": {"overlap_param_gather_with_optimizer_step": False}}
+    if ws.path.startswith("comm_overlap."):
+        fix = {"comm_overlap": {"overlap_param_gather_with_optimizer_step": False}}
     return _violation(rule, "error", ws.path, True, why, fix)
 
 

@@ -1,0 +1,147 @@
+"""MX014-MX016: known upstream failures with MXFP8 reuse that the plugin cannot repair.
+
+Each rule first asks the config whether it is in the hazard (pass when it is not, whatever the
+release), then the installed pair whether it is exposed (:attr:`..effective.EffectiveConfig.installed`
+``.hazards``, probed from the files by :mod:`...probes.hazards`). Unprobed or unknown: the config
+is refused anyway where the failure is silent, since a refusal costs a YAML edit and the failure
+a run. The facts, references and fixes are :data:`...defects.HAZARDS`, which ``doctor`` renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._yamltypes import yaml_literal as _y
+from ...defects import HAZARDS
+from ..effective import EffectiveConfig
+from ..report import Rule, RuleResult
+from ..view import Val
+from ._base import _na, _pass, _rule, _violation
+
+
+def _installed(ctx: EffectiveConfig, answer: str) -> bool | None:
+    """The probe's answer for this pair; None when nothing was probed."""
+    probe = ctx.installed.hazards if ctx.installed is not None else None
+    return None if probe is None else getattr(probe, answer)
+
+
+def _where(ctx: EffectiveConfig) -> str:
+    return ctx.installed.describe() if ctx.installed is not None else "the installed release pair"
+
+
+def _cite(rule_id: str) -> str:
+    h = HAZARDS[rule_id]
+    return f"{h.reference}; fixed in: {h.fixed_in}"
+
+
+def _overlap_fix(ov: Val) -> dict[str, Any]:
+    """Turn the param gather's overlap on where the effective value comes from."""
+    if ov.path.startswith("comm_overlap."):
+        return {"comm_overlap": {"overlap_param_gather": True, "overlap_grad_reduce": True}}
+    return {
+        "ddp": {"overlap_param_gather": True, "overlap_grad_reduce": True},
+        "optimizer": {"overlap_param_gather": True},
+    }
+
+
+@_rule("MX014", "MoE + reuse needs overlapped param gather before core 0.18")
+def _mx014(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    experts = ctx.model("num_moe_experts")
+    if not ctx.reuse_anywhere():
+        return _pass(rule, "reuse off")
+    if not experts.known:
+        return _na(rule, f"num_moe_experts {ctx.why_unknown(experts)}", experts.path)
+    if not (isinstance(experts.value, int) and experts.value > 0):
+        return _pass(rule, "dense model: one distributed optimizer per chunk", experts.path, experts.value)
+    ov = ctx.ddp("overlap_param_gather")
+    if not ov.known:
+        return _na(rule, f"overlap_param_gather {ctx.why_unknown(ov, 'ddp.overlap_param_gather')}", ov.path)
+    if ov.value:
+        return _pass(rule, "param gather overlapped: each optimizer stages before the next forward", ov.path)
+    if _installed(ctx, "defers_chained_mxfp8_sync"):
+        return _pass(rule, f"{_where(ctx)} defers the chained MXFP8 param sync", ov.path, False)
+    return _violation(
+        rule,
+        "error",
+        ov.path,
+        False,
+        f"MoE (num_moe_experts={_y(experts.value)}) with reuse_grad_buf_for_mxfp8_param_ag and "
+        f"overlap_param_gather=false on {_where(ctx)}: {HAZARDS['MX014'].symptom} ({_cite('MX014')}). "
+        "Turn overlap_param_gather on, or install megatron-core >= 0.18",
+        _overlap_fix(ov),
+    )
+
+
+def _names(value: Any) -> set[str]:
+    """Member names of a CUDA-graph scope: a string (comma-separated), an enum member, or a list."""
+    if value is None:
+        return set()
+    items = (
+        value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
+    )
+    return {str(getattr(i, "name", i)).rsplit(".", 1)[-1].strip() for i in items}
+
+
+@_rule("MX015", "full-iteration CUDA graphs with reuse need Bridge >= 0.5")
+def _mx015(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    impl = ctx.model("cuda_graph_impl")
+    scopes = [ctx.model("cuda_graph_scope"), ctx.model("cuda_graph_modules")]
+    full_scope = any(v.known and "full_iteration" in _names(v.value) for v in scopes)
+    if not impl.known:
+        if full_scope:
+            return _na(rule, f"cuda_graph_impl {ctx.why_unknown(impl)}", impl.path)
+        return _pass(rule, "no full-iteration CUDA graph stated", impl.path)
+    if not (impl.value == "full_iteration" or (impl.value == "local" and full_scope)):
+        return _pass(rule, "no full-iteration CUDA graph", impl.path, impl.value)
+    if not ctx.reuse_anywhere():
+        return _pass(rule, "reuse off", impl.path, impl.value)
+    ov = ctx.ddp("overlap_param_gather")
+    if not ov.known:
+        return _na(rule, f"overlap_param_gather {ctx.why_unknown(ov, 'ddp.overlap_param_gather')}", ov.path)
+    if not ov.value:
+        return _pass(rule, "param gather not overlapped: the optimizer stages the buffer itself", ov.path)
+    if _installed(ctx, "stages_for_full_iteration_graph"):
+        return _pass(rule, f"{_where(ctx)} stages before a captured graph replays", impl.path, impl.value)
+    fix: dict[str, Any] = {"model": {"cuda_graph_impl": "none"}}
+    return _violation(
+        rule,
+        "error",
+        impl.path,
+        impl.value,
+        f"full-iteration CUDA graphs (cuda_graph_impl={_y(impl.value)}) with MXFP8 reuse on {_where(ctx)}: "
+        f"{HAZARDS['MX015'].symptom} ({_cite('MX015')}). Install Megatron-Bridge >= 0.5, or capture "
+        "no full-iteration graph (cuda_graph_impl: none, or transformer_engine with layer scopes)",
+        fix,
+    )
+
+
+_NO_OFFLOAD = {"optimizer": {"optimizer_cpu_offload": False}}
+
+
+@_rule("MX016", "FP8 params with optimizer CPU offload")
+def _mx016(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    offload = ctx.opt("optimizer_cpu_offload")
+    if not (offload.known and offload.value):
+        return _pass(rule, "optimizer CPU offload off", offload.path, offload.value)
+    fp8, recipe = ctx.fp8_params(), ctx.fp8_recipe()
+    if not fp8.known:
+        return _na(rule, f"{fp8.path} {ctx.why_unknown(fp8)}", fp8.path)
+    if not fp8.value:
+        return _pass(rule, "params are not kept in FP8", fp8.path, False)
+    if recipe.known and recipe.value == "delayed":
+        return _pass(rule, "delayed-scaling FP8 params keep a shard view", recipe.path, recipe.value)
+    if _installed(ctx, "cpu_offload_drops_fp8_params") is False:
+        return _pass(rule, f"{_where(ctx)} builds FP8 main params under CPU offload", offload.path, True)
+    aware = ctx.opt("use_precision_aware_optimizer")
+    why = (
+        f"{fp8.path}=true with optimizer.optimizer_cpu_offload=true on {_where(ctx)}: "
+        f"{HAZARDS['MX016'].symptom} ({_cite('MX016')})"
+    )
+    if aware.known and not aware.value:
+        why += (
+            "; use_precision_aware_optimizer=false here avoids that path, but Megatron-LM supports CPU "
+            "offload only with it"
+        )
+        return _violation(rule, "warning", offload.path, True, why, _NO_OFFLOAD)
+    why += ". Turn optimizer_cpu_offload off (or keep params in bf16: fp8_param_gather=false)"
+    return _violation(rule, "error", offload.path, True, why, _NO_OFFLOAD)
