@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any, TextIO
 
+from ._argtypes import positive_int
+
 __all__ = ["add_check_parser", "run_check"]
 
 EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE = 0, 1, 2
@@ -32,8 +34,6 @@ def _override(text: str) -> str:
 
 
 def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from .cli import positive_int
-
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "check",
         help="validate a recipe YAML for MXFP8 param gather (exit 0 ok, 1 errors, 2 could not read it)",

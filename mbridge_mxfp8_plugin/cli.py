@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TextIO, cast
 
+from ._argtypes import positive_int
+
 EXIT_OK, EXIT_PROBLEMS, EXIT_COULD_NOT_RUN = 0, 1, 2
 
 #: subcommand -> (module, function adding its parser); a module is imported only when its
@@ -42,23 +44,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_COULD_NOT_RUN, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def positive_int(flag: str, example: int) -> Callable[[str], int]:
-    """An argparse ``type`` for counts: the message names the flag, the value and a value that works."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a whole number >= 1, got {text!r}; e.g. {flag} {example}"
-            ) from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}; e.g. {flag} {example}")
-        return value
-
-    return parse
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
