@@ -23,10 +23,13 @@ __all__ = [
     "PluginOptions",
     "SyncStats",
     "check_bucket_alignment",
+    "ensure_weights_current",
     "mxfp8_param_sync",
     "probe_core",
     "validate_config",
     "ValidationReport",
+    "verify_weights",
+    "WeightReport",
 ]
 
 __version__ = "0.1.0"
@@ -49,6 +52,9 @@ _WHERE = {
     "PluginOptions": "options",
     "validate_config": "config.validate",
     "ValidationReport": "config.validate",
+    "ensure_weights_current": "verify",
+    "verify_weights": "verify",
+    "WeightReport": "verify",
 }
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
@@ -60,6 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .options import PluginOptions
     from .probes import CoreBehaviour, probe_core
     from .sync import ParamSyncEngine, SyncStats
+    from .verify import WeightReport, ensure_weights_current, verify_weights
 
 
 def __getattr__(name: str) -> Any:

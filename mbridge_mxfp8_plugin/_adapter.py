@@ -9,21 +9,70 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._log import log_rank_zero
-from .buckets import is_megatron_ddp
+from .buckets import is_megatron_ddp, is_megatron_fsdp
 from .config.validate import ValidationReport, validate_config
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .plan import distributed_optimizers, reuse_mode_active
 from .sync import ParamSyncEngine, SyncStats
 
-__all__ = ["HISTORY_LENGTH", "EngineHolder", "inactive_reason", "validate_live_job"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .verify import WeightReport
+
+__all__ = ["HISTORY_LENGTH", "EngineHolder", "find_model_chunks", "inactive_reason", "validate_live_job"]
 
 #: Events an entry point remembers in ``history`` (for logs and tests); older ones are dropped.
 HISTORY_LENGTH = 1024
+
+_MAX_DEPTH = 6
+
+
+def find_model_chunks(roots: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+    """Megatron-core DDP chunks reachable from ``roots``; returns ``(ddp_chunks, fsdp_chunks)``.
+
+    Walks lists and ``ModuleList``-like containers (NeMo's ``MegatronParallel`` is one), ``.module``
+    wrapper chains (``Float16Module`` -> DDP) and child modules, but never into a DDP chunk: the
+    model inside can be huge and holds nothing we need. Order is preserved, duplicates dropped.
+    Shared by the Lightning adapter (which finds the chunks behind a trainer) and the weight
+    verifier (which accepts whatever wrapper the caller holds).
+    """
+    found: list[Any] = []
+    fsdp: list[Any] = []
+    seen: set[int] = set()
+
+    def visit(obj: Any, depth: int) -> None:
+        if obj is None or id(obj) in seen or depth > _MAX_DEPTH:
+            return
+        seen.add(id(obj))
+        if is_megatron_fsdp(obj):
+            fsdp.append(obj)
+            return
+        if is_megatron_ddp(obj):
+            found.append(obj)
+            return
+        if isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item, depth + 1)
+            return
+        inner = getattr(obj, "module", None) if not isinstance(obj, type) else None
+        if inner is not None:
+            visit(inner, depth + 1)
+        children = getattr(obj, "children", None)
+        if callable(children):
+            try:
+                kids = list(children())
+            except TypeError:
+                kids = []
+            for child in kids:
+                visit(child, depth + 1)
+
+    for root in roots:
+        visit(root, 0)
+    return found, fsdp
 
 
 def inactive_reason(chunks: Sequence[Any]) -> str | None:
@@ -66,6 +115,10 @@ class EngineHolder:
 
     def _forget_engine(self) -> None:
         self.engine = None
+        #: what :meth:`verify` checks when the engine is not there (inactive, ``enabled=False``)
+        self._verify_chunks: list[Any] | None = None
+        self._verify_optimizer: Any = None
+        self.last_report: WeightReport | None = None
         self.inactive_reason = None
         self._model_key: tuple[int, ...] | None = None
         self.last_stats = None
@@ -88,6 +141,7 @@ class EngineHolder:
     ) -> ParamSyncEngine | None:
         """The shared engine of these chunks, prepared (offsets repaired); rebuilt only when the
         chunks change. ``reason``: the caller already knows the plugin does not apply."""
+        self._remember(chunks, optimizer)
         key = ParamSyncEngine.model_key(chunks)
         if key == self._model_key:
             if self.engine is not None:
@@ -130,9 +184,8 @@ class EngineHolder:
             engine.model_chunks, engine.optimizer, container=container, options=self.options
         )
         if report is not None and not report.ok:
-            log_rank_zero(
-                logging.WARNING, "MXFP8 config problems (strict=False):\n%s", report.format_errors()
-            )
+            # ERROR, not WARNING: the job trains on weights these rules say are wrong (_log.py).
+            log_rank_zero(logging.ERROR, "MXFP8 config problems (strict=False):\n%s", report.format_errors())
 
     def _eval_starts(self, engine: ParamSyncEngine, event: str, *, gathered_fresh: bool | None) -> None:
         """Eval or test reads the weights next (``gathered_fresh`` as in ``before_eval``)."""
@@ -145,6 +198,56 @@ class EngineHolder:
                 event,
             )
         self._record(event, engine.before_eval(gathered_fresh=gathered_fresh))
+
+    def _remember(self, chunks: Sequence[Any] | None, optimizer: Any | None) -> None:
+        if chunks is not None:
+            self._verify_chunks = list(chunks)
+        if optimizer is not None:
+            self._verify_optimizer = optimizer
+
+    def _verify(
+        self,
+        event: str,
+        model_chunks: Sequence[Any] | None = None,
+        optimizer: Any | None = None,
+        *,
+        when: bool = True,
+        force: bool = False,
+    ) -> WeightReport | None:
+        """The ``verify_weights`` policy every entry point shares: check the weights at ``event``
+        on every rank. Returns the report, or None when the option is off (and not ``force``) or
+        there is nothing to check yet (no model chunks or distributed optimizer seen).
+
+        Adapters call it right after they handled an event at which the weights must equal the
+        quantized fp32 main params: a forced sync (eval, test, save), a checkpoint load, train
+        end. ``model_chunks``/``optimizer`` are remembered for later events whose context lacks
+        them (Bridge's eval context has no optimizer); ``when=False`` only remembers. It runs
+        with ``enabled=False`` too: it only reads, and a plugin switched off is what it guards.
+        A mismatch raises :class:`~mbridge_mxfp8_plugin.MXFP8PluginError` with ``strict``, else is
+        logged at ERROR on rank zero; every rank of a data-parallel group learns of a peer's
+        mismatch through the check's all-reduce, so they raise together.
+        """
+        if not (self.options.verify_weights or force):
+            return None
+        self._remember(model_chunks, optimizer)
+        if not when:
+            return None
+        engine = self.engine
+        chunks = engine.model_chunks if engine is not None else self._verify_chunks
+        opt = (engine.optimizer if engine is not None else None) or self._verify_optimizer
+        if not chunks or opt is None or not distributed_optimizers(opt):
+            return None
+        from .verify import verify_weights
+
+        report = verify_weights(chunks, opt, event=f"{event} ({self.framework})")
+        self.last_report = report
+        if report.ok:
+            log_rank_zero(logging.DEBUG, "%s", report.message())
+            return report
+        if self.options.strict:
+            report.raise_if_bad()
+        log_rank_zero(logging.ERROR, "%s (strict=False: training goes on)", report.message())
+        return report
 
     def _record(self, event: str, stats: SyncStats) -> None:
         self.last_stats = stats

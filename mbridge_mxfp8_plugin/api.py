@@ -47,12 +47,16 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._adapter import EngineHolder
 from .errors import MXFP8UsageError
 from .options import PluginOptions
+from .probes import probe_core
 from .sync import ParamSyncEngine, SyncStats
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .verify import WeightReport
 
 __all__ = ["MXFP8ParamSync", "mxfp8_param_sync"]
 
@@ -63,7 +67,7 @@ class MXFP8ParamSync(EngineHolder):
     Build it with :func:`mxfp8_param_sync`. Every method is safe to call on every rank at the
     same point of the loop (they may issue collectives) and returns the engine's
     :class:`~mbridge_mxfp8_plugin.SyncStats` for logging. Reads ``enabled``, ``repair_alignment``,
-    ``validate``, ``strict`` and ``refresh_at_train_end`` of its options (the others name events
+    ``validate``, ``strict``, ``refresh_at_train_end`` and ``verify_weights`` of its options (the others name events
     this loop does not announce).
     """
 
@@ -73,6 +77,7 @@ class MXFP8ParamSync(EngineHolder):
         self._take_options(options, {})
         self.model_chunks = _as_chunks(model_chunks)
         self._stepped = False
+        self._remember(self.model_chunks, optimizer)
         if self._disabled():
             return
         engine = self._bind(self.model_chunks, optimizer)
@@ -101,7 +106,9 @@ class MXFP8ParamSync(EngineHolder):
         """Eval is about to read the weights (the loop's forced sync has run): make them the
         current fp32 main params, rounded to MXFP8, at the padded offsets (A, B)."""
         engine = self._working()
-        return engine.before_eval() if engine is not None else self._idle()
+        stats = engine.before_eval() if engine is not None else self._idle()
+        self._verify("eval")
+        return stats
 
     def after_eval(self) -> SyncStats:
         """Eval is over and the pre-hooks are back: the next step must gather again (C)."""
@@ -115,16 +122,44 @@ class MXFP8ParamSync(EngineHolder):
         engine = self._working()
         if engine is None or not self._stepped:
             # Before any step the weights are exactly as initialised or loaded.
-            return SyncStats(note="nothing to prepare")
-        return engine.before_forced_sync(save=True)
+            stats = SyncStats(note="nothing to prepare")
+        else:
+            stats = engine.before_forced_sync(save=True)
+        if not self._stepped or not probe_core().forced_sync_writes_back:
+            # What the save writes is final here only where core does not write the save's gather
+            # back (< 0.18: refreshed above, or stale without the plugin) or nothing stepped; on
+            # >= 0.18 that gather makes the weights current after this call, unobserved.
+            self._verify("save")
+        return stats
 
     def close(self) -> SyncStats:
         """Training is over (after the loop's closing forced sync): make the weights current for
         whatever reads them next (export, a final eval, an eval-only tool)."""
         engine = self._working()
         if engine is None or not self._stepped or not self.options.refresh_at_train_end:
-            return SyncStats(note="nothing to refresh")
-        return engine.refresh_weights(gathered_fresh=False)
+            stats = SyncStats(note="nothing to refresh")
+        else:
+            stats = engine.refresh_weights(gathered_fresh=False)
+        if self.options.refresh_at_train_end:
+            self._verify("train end")
+        return stats
+
+    def verify(self, event: str = "manual") -> WeightReport:
+        """Check the weights now, on every rank at the same point (one small all-reduce per
+        data-parallel group): the owned params against their quantized fp32 main shards, and the
+        replicas against each other. Call it where the weights must be current, e.g. right after
+        a checkpoint load (``event="checkpoint load"``); with ``verify_weights`` on,
+        :meth:`before_eval`, :meth:`before_save` (core < 0.18) and :meth:`close` call it
+        themselves. Runs whatever the option says and obeys ``strict`` like they do: a mismatch
+        raises :class:`~mbridge_mxfp8_plugin.MXFP8PluginError`, or is logged at ERROR.
+        """
+        report = self._verify(event, force=True)
+        if report is None:
+            raise MXFP8UsageError(
+                "verify() needs megatron-core DDP model chunks and an optimizer holding a "
+                "DistributedOptimizer (mxfp8_param_sync(model, optimizer))"
+            )
+        return report
 
     def __enter__(self) -> MXFP8ParamSync:
         return self
@@ -176,6 +211,7 @@ def mxfp8_param_sync(
             )
         if session.engine is not None:
             session.engine.bind_optimizer(optimizer)
+        session._remember(None, optimizer)
         return session
     session = MXFP8ParamSync(chunks, optimizer, (options or PluginOptions()).replace(**overrides))
     _SESSIONS[key] = session

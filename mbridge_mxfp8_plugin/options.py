@@ -64,6 +64,15 @@ class PluginOptions:
     """Lightning only: stage main params at NeMo 2's ``on_megatron_microbatches_start``, since
     NeMo never stages them itself. Turn off only for a Lightning loop that stages them."""
 
+    verify_weights: bool = False
+    """Check the weights after every forced param sync the plugin handles or observes (eval,
+    test, save), after a checkpoint load and at train end: each rank compares the MXFP8 params it
+    owns with the quantization of its fp32 main-param shard, and data-parallel replicas are
+    compared through one small all-reduce (:func:`~mbridge_mxfp8_plugin.verify_weights`). A
+    mismatch raises with ``strict``, else is logged at ERROR. Only reads, so it also guards the
+    releases where the plugin has nothing to fix, and still runs with ``enabled=False``. Costs a
+    dequantization of the owned params per event; off by default."""
+
     dp_size: int | None = None
     """Data-parallel size the job will run with; read only by check's padding rule (MX008)."""
 

@@ -12,10 +12,10 @@ after an optimizer step) pass it. :func:`verify_weights` checks both:
   (bf16 in reuse mode: the main shard is staged into the bf16 view and gathered), then quantized
   by the param's own quantization (TE: a row-wise copy of the param's ``_quantizer``; a param type
   with ``quantize_``/``dequantize`` that can be instantiated from a plain tensor, such as the
-  test kit's emulation: a fresh instance of it; otherwise the kit's TE-rule cast) and
-  dequantized. bf16 params are compared with the main shard rounded to bf16. Elements of a
-  32-element MXFP8 block that straddles two ranks' shards are skipped (their scale depends on
-  values this rank does not hold) and counted.
+  test kit's emulation: a fresh instance of it; otherwise TE's rule in
+  :mod:`~mbridge_mxfp8_plugin.mxfp8_cast`) and dequantized. bf16 params are compared with the
+  main shard rounded to bf16. Elements of a 32-element MXFP8 block that straddles two ranks'
+  shards are skipped (their scale depends on values this rank does not hold) and counted.
 * **replica check** (one small all-reduce per data-parallel group): a 64-bit fold of every param's
   bits, all-reduced with MAX over the dense (or expert) data-parallel group alongside its bitwise
   complement (so MAX gives the minimum too) and this rank's mismatch count. Every rank learns
@@ -36,13 +36,15 @@ from typing import Any
 
 import torch
 
-from .buckets import is_megatron_ddp
-from .errors import MXFP8PluginError
+from ._adapter import find_model_chunks
+from .errors import MXFP8PluginError, MXFP8UsageError
+from .mxfp8_cast import MXFP8_BLOCK as _BLOCK
+from .mxfp8_cast import mxfp8_quantize
+from .plan import distributed_optimizers
 from .sync import ParamSyncEngine, SyncStats
 
 __all__ = ["ParamMismatch", "WeightReport", "ensure_weights_current", "verify_weights"]
 
-_BLOCK = 32  # MXFP8 elements per shared scale, along the last dimension
 _HASH_CHUNK = 1 << 22  # elements folded per kernel: bounds the int64 temporaries (32 MiB)
 _HASH_MOD = 8191
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -128,23 +130,14 @@ class WeightReport:
 
 # ---------------------------------------------------------------------------- discovery
 def _chunks(model_chunks: Sequence[Any] | Any) -> list[Any]:
-    """The megatron-core DDP chunks, unwrapping wrappers (NeMo's) through ``.module``."""
-    out = []
-    for chunk in model_chunks if isinstance(model_chunks, (list, tuple)) else [model_chunks]:
-        seen = chunk
-        while not is_megatron_ddp(seen) and hasattr(seen, "module"):
-            seen = seen.module
-        out.append(seen if is_megatron_ddp(seen) else chunk)
-    return out
-
-
-def _dist_optimizers(optimizer: Any) -> list[Any]:
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    members = getattr(optimizer, "chained_optimizers", None)
-    return [
-        o for o in (members if members is not None else [optimizer]) if isinstance(o, DistributedOptimizer)
-    ]
+    """The megatron-core DDP chunks behind whatever the caller holds (a list, NeMo's wrappers)."""
+    found, _ = find_model_chunks([model_chunks])
+    if not found:
+        raise MXFP8UsageError(
+            "verify_weights / ensure_weights_current need megatron-core DistributedDataParallel model "
+            f"chunks; found none in {type(model_chunks).__name__}"
+        )
+    return found
 
 
 @dataclass
@@ -159,7 +152,7 @@ def _owned_shards(optimizer: Any) -> tuple[dict[Any, _Owned], str]:
     """param -> its main shard and range, for every param this rank's optimizers own a shard of."""
     owned: dict[Any, _Owned] = {}
     try:
-        for opt in _dist_optimizers(optimizer):
+        for opt in distributed_optimizers(optimizer):
             for mains, params in zip(
                 opt.shard_fp32_from_float16_groups, opt.model_float16_groups, strict=True
             ):
@@ -226,8 +219,6 @@ def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport) -> to
             return out
         except Exception:  # noqa: BLE001 - wrapper subclasses (TE) cannot be made this way
             pass
-    from .testing.emulated_mxfp8 import mxfp8_quantize
-
     report.reference_paths["te-rule cast"] = report.reference_paths.get("te-rule cast", 0) + 1
     return mxfp8_quantize(values)
 
@@ -419,7 +410,7 @@ def _versions(engine: ParamSyncEngine, optimizer: Any) -> tuple[int, ...]:
         for buffer in list(chunk.buffers) + list(getattr(chunk, "expert_parallel_buffers", [])):
             for data in (buffer.param_data, buffer.grad_data):
                 out.append(-1 if data is None else data._version)
-    for opt in _dist_optimizers(optimizer):
+    for opt in distributed_optimizers(optimizer):
         out.extend(m._version for group in opt.shard_fp32_from_float16_groups for m in group if m is not None)
     return tuple(out)
 
