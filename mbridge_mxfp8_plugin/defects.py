@@ -138,72 +138,69 @@ def defects_present(core: CoreSide | None, loop: LoopStaging | None) -> dict[str
 
 
 @dataclass(frozen=True)
-class Hazard:
-    """A known upstream failure with MXFP8 reuse that the plugin cannot repair; its ``id`` is the
-    ``check`` rule that refuses it."""
+class Hazard(Defect):
+    """A known upstream failure with MXFP8 reuse that the plugin cannot repair: its ``id`` is the
+    ``check`` rule that refuses it, ``fixed_in`` may name the release that rejects the config,
+    ``reference`` the upstream issue or pull request, ``fix`` the YAML that avoids it."""
 
-    id: str
     title: str
-    #: What goes wrong, and when.
-    symptom: str
-    #: The upstream issue / pull request that describes or fixes it.
     reference: str
-    #: The release that fixed it (or that rejects the combination), or "not fixed upstream".
-    fixed_in: str
-    #: The YAML that avoids it.
     fix: str
 
 
-HAZARDS: dict[str, Hazard] = {
-    h.id: h
-    for h in (
-        Hazard(
-            "MX007",
-            "overlap_param_gather_with_optimizer_step with reuse",
-            "the first chained optimizer dispatches the param all-gather of the shared buffer inside the "
-            "optimizer step, a path the reuse code does not support; megatron-core < 0.19 accepts the "
-            "config without a word",
-            "megatron-core 0.19.0 rejects it in OptimizerConfig.__post_init__ (with the forced-sync fix "
-            "of Megatron-LM #5236)",
-            "megatron-core 0.19.0 (ValueError at config time)",
-            "optimizer:\n  overlap_param_gather_with_optimizer_step: false",
-        ),
-        Hazard(
-            "MX014",
-            "MoE + reuse without overlapped param gather",
-            "the dense and the expert distributed optimizer of one ChainedOptimizer share the model "
-            "chunk's buffer; with overlap_param_gather=false each one's param sync zeroes it before the "
-            "other staged its main params: expert weights become zeros, the loss NaN",
-            "Megatron-LM #4800 (deferred MXFP8 param sync in ChainedOptimizer.step_with_ready_grads); "
-            "the assertion of #2271 was reverted in #2901",
-            "megatron-core 0.18.0",
-            "ddp:\n  overlap_param_gather: true\n  overlap_grad_reduce: true\noptimizer:\n"
-            "  overlap_param_gather: true\n# or install megatron-core >= 0.18",
-        ),
-        Hazard(
-            "MX015",
-            "full-iteration CUDA graphs with MXFP8 reuse",
-            "the training loop skips staging the main params while the forward pre-hooks are off (the "
-            "first iteration), but the captured graph replays its all-gather unconditionally: zero "
-            "weights, zero grad norm and a wrong loss on the first graphed step",
-            "Megatron-Bridge #3076 (train.py stages when a full-iteration graph was captured)",
-            "Megatron-Bridge 0.5.0",
-            "model:\n  cuda_graph_impl: none   # or transformer_engine with layer scopes\n"
-            "# or install Megatron-Bridge >= 0.5",
-        ),
-        Hazard(
-            "MX016",
-            "FP8 params with optimizer CPU offload",
-            "optimizer_cpu_offload forces the precision-aware distributed-optimizer path, which leaves "
-            "None where each FP8 param shard should be; HybridDeviceOptimizer's param groups reject it: "
-            "crash at optimizer build ('optimizer can only optimize Tensors')",
-            "Megatron-LM #5083 (open; feature request #2407, unmerged PR #2788); Megatron-LM's own "
-            "arguments reject --optimizer-cpu-offload with --fp8-param-gather unless --fp8-recipe delayed",
-            "not fixed upstream",
-            "optimizer:\n  optimizer_cpu_offload: false",
-        ),
-    )
-}
+_HAZARD_LIST = (
+    Hazard(
+        id="MX007",
+        title="overlap_param_gather_with_optimizer_step with reuse",
+        symptom="the first chained optimizer dispatches the param all-gather of the shared buffer "
+        "inside the optimizer step, a path the reuse code does not support; megatron-core < 0.19 "
+        "accepts the config without a word",
+        where="megatron-core optimizer/optimizer.py, ChainedOptimizer.step_with_ready_grads",
+        fixed_in="megatron-core 0.19.0 (ValueError at config time)",
+        reference="megatron-core 0.19.0 rejects it in OptimizerConfig.__post_init__ (with the "
+        "forced-sync fix of Megatron-LM #5236)",
+        fix="optimizer:\n  overlap_param_gather_with_optimizer_step: false",
+    ),
+    Hazard(
+        id="MX014",
+        title="MoE + reuse without overlapped param gather",
+        symptom="the dense and the expert distributed optimizer of one ChainedOptimizer share the "
+        "model chunk's buffer; with overlap_param_gather=false each one's param sync zeroes it "
+        "before the other staged its main params: expert weights become zeros, the loss NaN",
+        where="megatron-core optimizer/optimizer.py, ChainedOptimizer.step_with_ready_grads",
+        fixed_in="megatron-core 0.18.0",
+        reference="Megatron-LM #4800 (deferred MXFP8 param sync in ChainedOptimizer."
+        "step_with_ready_grads); the assertion of #2271 was reverted in #2901",
+        fix="ddp:\n  overlap_param_gather: true\n  overlap_grad_reduce: true\noptimizer:\n"
+        "  overlap_param_gather: true\n# or install megatron-core >= 0.18",
+    ),
+    Hazard(
+        id="MX015",
+        title="full-iteration CUDA graphs with MXFP8 reuse",
+        symptom="the training loop skips staging the main params while the forward pre-hooks are "
+        "off (the first iteration), but the captured graph replays its all-gather unconditionally: "
+        "zero weights, zero grad norm and a wrong loss on the first graphed step",
+        where="megatron-bridge training/train.py, the main-param copy before each step",
+        fixed_in="Megatron-Bridge 0.5.0",
+        reference="Megatron-Bridge #3076 (train.py stages when a full-iteration graph was captured)",
+        fix="model:\n  cuda_graph_impl: none   # or transformer_engine with layer scopes\n"
+        "# or install Megatron-Bridge >= 0.5",
+    ),
+    Hazard(
+        id="MX016",
+        title="FP8 params with optimizer CPU offload",
+        symptom="optimizer_cpu_offload forces the precision-aware distributed-optimizer path, which "
+        "leaves None where each FP8 param shard should be; HybridDeviceOptimizer's param groups "
+        "reject it: crash at optimizer build ('optimizer can only optimize Tensors')",
+        where="megatron-core optimizer/distrib_optimizer.py, the main-param groups under CPU offload",
+        fixed_in="not fixed upstream",
+        reference="Megatron-LM #5083 (open; feature request #2407, unmerged PR #2788); Megatron-LM's "
+        "own arguments reject --optimizer-cpu-offload with --fp8-param-gather unless --fp8-recipe "
+        "delayed",
+        fix="optimizer:\n  optimizer_cpu_offload: false",
+    ),
+)
+HAZARDS: dict[str, Hazard] = {h.id: h for h in _HAZARD_LIST}
 
 
 class HazardSide(Protocol):

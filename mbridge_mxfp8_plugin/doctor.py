@@ -104,6 +104,7 @@ def _hazards() -> dict[str, Any]:
             "exposed": exposed[h.id],
             "title": h.title,
             "what": h.symptom,
+            "where": h.where,
             "reference": h.reference,
             "fixed_in": h.fixed_in,
             "fix": h.fix,
@@ -163,9 +164,11 @@ def _render_defects(report: dict[str, Any], p: Any) -> None:
         p(f"  {d:<3} {mark}  {info['what']}")
         p(f"               where: {info['where']}; fixed upstream in: {info['fixed_in']}")
         p(f"               plugin: {info['plugin']}")
-    listed = ", ".join(report["present"]) or "none"
-    if report["unknown"]:
-        listed += f"; unknown (no megatron-core to read): {', '.join(report['unknown'])}"
+    listed = ", ".join(report["present"])
+    if report["unknown"]:  # unknown is never "none"
+        unknown = f"unknown (no megatron-core to read): {', '.join(report['unknown'])}"
+        listed = f"{listed}; {unknown}" if listed else unknown
+    listed = listed or "none"
     p(f"training defects present: {listed}; plugin mode: {report['plugin_mode']}")
 
 

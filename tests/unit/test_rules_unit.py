@@ -9,6 +9,7 @@ recipe as YAML reads it, overrides applied here), so nothing but the rules is un
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -16,6 +17,8 @@ import yaml
 from harness.mx_cases import CASES, DEFECTIVE, FIXED, TINY, Case
 
 from mbridge_mxfp8_plugin import validate_config
+from mbridge_mxfp8_plugin.defects import HAZARDS
+from mbridge_mxfp8_plugin.probes import HazardBehaviour
 
 BASE: dict[str, Any] = yaml.safe_load(TINY.read_text())
 #: a rule tripped at each severity shows this status
@@ -62,3 +65,92 @@ def test_each_violation_trips_only_its_rule(case: Case):
     assert before[case.rule] == "pass"
     fired = {r: st for r, st in after.items() if st != before[r] and st != "n/a"}
     assert fired == {case.rule: TRIPPED[case.severity], **ALSO_TRIPS.get(case.rule, {})}
+
+
+#: The hazards' probe answers of a release pair where each applies (core 0.16 + Bridge 0.3) and of
+#: a pair where none does (core 0.19 + Bridge 0.6 + a CPU-offload fix no release has yet).
+EXPOSED_PAIR = dataclasses.replace(
+    DEFECTIVE,
+    hazards=HazardBehaviour(
+        defers_chained_mxfp8_sync=False,
+        rejects_step_overlap_with_reuse=False,
+        cpu_offload_drops_fp8_params=True,
+        stages_for_full_iteration_graph=False,
+    ),
+)
+SAFE_PAIR = dataclasses.replace(
+    FIXED,
+    hazards=HazardBehaviour(
+        defers_chained_mxfp8_sync=True,
+        rejects_step_overlap_with_reuse=True,
+        cpu_offload_drops_fp8_params=False,
+        stages_for_full_iteration_graph=True,
+    ),
+)
+#: rule -> (overrides that walk into the hazard, the same config kept safe)
+HAZARD_CASES = {
+    "MX014": (
+        (
+            "+model.num_moe_experts=4",
+            "ddp.overlap_param_gather=false",
+            "optimizer.overlap_param_gather=false",
+        ),
+        ("+model.num_moe_experts=4",),
+    ),
+    "MX015": (("+model.cuda_graph_impl=local", "+model.cuda_graph_scope=full_iteration"), ()),
+    "MX016": (
+        ("+optimizer.optimizer_cpu_offload=true", "+optimizer.use_precision_aware_optimizer=true"),
+        ("+optimizer.optimizer_cpu_offload=false", "+optimizer.use_precision_aware_optimizer=true"),
+    ),
+    "MX007": (("+optimizer.overlap_param_gather_with_optimizer_step=true",), ()),
+}
+
+
+def _hazard_statuses(rule: str, installed: Any) -> tuple[dict[str, str], dict[str, str]]:
+    """Every rule's status on the safe config and on the hazard's."""
+    hazard, safe = HAZARD_CASES[rule]
+    before = validate_config(_apply(safe), dp_size=2, strict=False, installed=installed)
+    after = validate_config(_apply(hazard), dp_size=2, strict=False, installed=installed)
+    return ({r.rule.id: r.status for r in before.results}, {r.rule.id: r.status for r in after.results})
+
+
+@pytest.mark.parametrize("rule", sorted(HAZARD_CASES))
+def test_hazard_trips_only_its_rule_where_the_pair_is_exposed(rule: str):
+    before, after = _hazard_statuses(rule, EXPOSED_PAIR)
+    assert before[rule] == "pass"
+    assert {r: st for r, st in after.items() if st != before[r] and st != "n/a"} == {rule: "fail"}
+
+
+@pytest.mark.parametrize("rule", sorted(HAZARD_CASES))
+def test_hazard_passes_where_the_pair_is_not_exposed(rule: str):
+    """MX007 stays refused: core 0.19 raises for it itself, so the config cannot run either way."""
+    before, after = _hazard_statuses(rule, SAFE_PAIR)
+    assert after[rule] == ("fail" if rule == "MX007" else "pass")
+    assert {r: st for r, st in after.items() if r != rule} == {r: st for r, st in before.items() if r != rule}
+
+
+def test_hazard_messages_cite_upstream_and_give_the_fix():
+    for rule, (overrides, _) in HAZARD_CASES.items():
+        report = validate_config(_apply(overrides), dp_size=2, strict=False, installed=EXPOSED_PAIR)
+        (finding,) = report.by_rule(rule).findings
+        assert finding.severity == "error" and finding.fix
+        assert HAZARDS[rule].reference.split(" (")[0] in finding.message, finding.message
+    mx014 = validate_config(_apply(HAZARD_CASES["MX014"][0]), dp_size=2, strict=False, installed=EXPOSED_PAIR)
+    assert mx014.by_rule("MX014").findings[0].fix == {
+        "ddp": {"overlap_param_gather": True, "overlap_grad_reduce": True},
+        "optimizer": {"overlap_param_gather": True},
+    }
+    mx007 = validate_config(_apply(HAZARD_CASES["MX007"][0]), dp_size=2, strict=False, installed=SAFE_PAIR)
+    assert "rejects it at config time" in mx007.by_rule("MX007").findings[0].message
+
+
+def test_unprobed_pair_refuses_a_silent_hazard():
+    """Without a probe (no megatron-core to read) MoE without overlap is refused, not waved through."""
+    report = validate_config(_apply(HAZARD_CASES["MX014"][0]), dp_size=2, strict=False, installed=DEFECTIVE)
+    assert report.by_rule("MX014").status == "fail"
+
+
+def test_cpu_offload_without_precision_aware_optimizer_is_a_warning():
+    cfg = _apply(("+optimizer.optimizer_cpu_offload=true", "+optimizer.use_precision_aware_optimizer=false"))
+    report = validate_config(cfg, dp_size=2, strict=False, installed=EXPOSED_PAIR)
+    assert [(f.rule, f.severity) for f in report.findings] == [("MX016", "warning")]

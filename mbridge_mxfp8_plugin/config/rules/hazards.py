@@ -46,18 +46,18 @@ def _overlap_fix(ov: Val) -> dict[str, Any]:
 
 @_rule("MX014", "MoE + reuse needs overlapped param gather before core 0.18")
 def _mx014(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
-    experts = ctx.model("num_moe_experts")
     if not ctx.reuse_anywhere():
         return _pass(rule, "reuse off")
+    ov = ctx.ddp("overlap_param_gather")
+    if ov.known and ov.value:
+        return _pass(rule, "param gather overlapped: each optimizer stages before the next forward", ov.path)
+    experts = ctx.model("num_moe_experts")
+    if experts.known and not (isinstance(experts.value, int) and experts.value > 0):
+        return _pass(rule, "dense model: one distributed optimizer per chunk", experts.path, experts.value)
     if not experts.known:
         return _na(rule, f"num_moe_experts {ctx.why_unknown(experts)}", experts.path)
-    if not (isinstance(experts.value, int) and experts.value > 0):
-        return _pass(rule, "dense model: one distributed optimizer per chunk", experts.path, experts.value)
-    ov = ctx.ddp("overlap_param_gather")
     if not ov.known:
         return _na(rule, f"overlap_param_gather {ctx.why_unknown(ov, 'ddp.overlap_param_gather')}", ov.path)
-    if ov.value:
-        return _pass(rule, "param gather overlapped: each optimizer stages before the next forward", ov.path)
     if _installed(ctx, "defers_chained_mxfp8_sync"):
         return _pass(rule, f"{_where(ctx)} defers the chained MXFP8 param sync", ov.path, False)
     return _violation(
@@ -123,7 +123,8 @@ def _mx016(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     offload = ctx.opt("optimizer_cpu_offload")
     if not (offload.known and offload.value):
         return _pass(rule, "optimizer CPU offload off", offload.path, offload.value)
-    fp8, recipe = ctx.fp8_params(), ctx.fp8_recipe()
+    # the optimizer's copy decides: its distributed optimizer drops non-delayed FP8 shards
+    fp8, recipe = ctx.fp8_params(), ctx.opt("fp8_recipe")
     if not fp8.known:
         return _na(rule, f"{fp8.path} {ctx.why_unknown(fp8)}", fp8.path)
     if not fp8.value:

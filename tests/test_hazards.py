@@ -1,0 +1,184 @@
+"""The known hazards (MX007, MX014-MX016) on Megatron-Bridge's real ``ConfigContainer``, per cell.
+
+Runs in every matrix cell: whether a hazard fires is gated on what the installed files show
+(:func:`probe_hazard_files`), and :func:`test_probe_agrees_with_release_facts` pins that probe to
+the release facts of UPSTREAM.md for the installed versions, so a cell where the probe and the
+facts disagree fails instead of silently testing the other branch. In the main venv (core 0.16.1 +
+Bridge 0.3.1) MX007 and MX014-MX016 all apply; in the core0192 cell (0.19.2 + 0.6.2) only MX016
+does, and MX007 is rejected by megatron-core itself. Each rule is also shown *not* to fire on the
+same container with the hazard's knob set the safe way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from typing import Any
+
+import pytest
+
+from mbridge_mxfp8_plugin import validate_config
+from mbridge_mxfp8_plugin.defects import HAZARDS, hazards_exposed
+from mbridge_mxfp8_plugin.probes import probe_hazard_files
+
+pytest.importorskip("megatron.core")
+if importlib.util.find_spec("megatron.bridge") is None:  # imported later, under the harness' TE stub
+    pytest.skip("Megatron-Bridge is not installed", allow_module_level=True)
+
+
+def _release(dist: str) -> tuple[int, int]:
+    major, minor = re.match(r"(\d+)\.(\d+)", metadata.version(dist)).groups()  # type: ignore[union-attr]
+    return int(major), int(minor)
+
+
+#: UPSTREAM.md "More upstream facts": the release that fixed (or rejects) each hazard.
+def _facts() -> dict[str, bool]:
+    core, bridge = _release("megatron-core"), _release("megatron-bridge")
+    return {
+        "MX007": core < (0, 19),  # core 0.19.0 rejects it in OptimizerConfig
+        "MX014": core < (0, 18),  # Megatron-LM #4800
+        "MX015": bridge < (0, 5),  # Megatron-Bridge #3076
+        "MX016": True,  # Megatron-LM #5083: open
+    }
+
+
+#: What the matrix cells install (.ci/matrix.sh), so a cell cannot run against the wrong pair.
+CELL_PAIRS = {
+    "core0140": ("0.14", "0.3"),
+    "core0153": ("0.15", "0.3"),
+    "core0161": ("0.16", "0.3"),
+    "core0171": ("0.17", "0.4"),
+    "core0182": ("0.18", "0.5"),
+    "core0192": ("0.19", "0.6"),
+}
+
+EXPOSED = hazards_exposed(probe_hazard_files())
+
+
+def test_probe_agrees_with_release_facts() -> None:
+    cell = os.environ.get("MXFP8_MATRIX_CELL")
+    if cell:
+        core, bridge = CELL_PAIRS[cell]
+        assert metadata.version("megatron-core").startswith(core)
+        assert metadata.version("megatron-bridge").startswith(bridge)
+    assert EXPOSED == _facts()
+
+
+def test_mx007_probe_matches_core_validation() -> None:
+    """The probe read the text; megatron-core's own OptimizerConfig says it by behaviour."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    kwargs = dict(
+        use_distributed_optimizer=True,
+        reuse_grad_buf_for_mxfp8_param_ag=True,
+        overlap_param_gather_with_optimizer_step=True,
+    )
+    rejected = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            OptimizerConfig(**kwargs)
+        except ValueError as exc:
+            rejected = "overlap_param_gather_with_optimizer_step" in str(exc)
+    assert probe_hazard_files().rejects_step_overlap_with_reuse is rejected
+
+
+@pytest.fixture(scope="module")
+def container() -> Iterator[Callable[..., Any]]:
+    """A factory of fresh real ConfigContainers (the real-pretrain harness' tiny MXFP8 job)."""
+    from harness.bridge_cpu import bridge_on_cpu
+    from harness.bridge_real.config import JobSpec, build_config
+
+    with bridge_on_cpu():
+
+        def make(mode: str = "plugin", **sections: dict[str, Any]) -> Any:
+            cfg = build_config(JobSpec(mode), world_size=2)
+            for section, values in sections.items():
+                for knob, value in values.items():
+                    setattr(getattr(cfg, section), knob, value)
+            return cfg
+
+        yield make
+
+
+def _result(cfg: Any, rule_id: str) -> Any:
+    return validate_config(cfg, strict=False).by_rule(rule_id)
+
+
+def _expect(result: Any, exposed: bool | None) -> None:
+    assert result.status == ("fail" if exposed else "pass"), result
+    if exposed:
+        (finding,) = result.findings
+        assert finding.fix and HAZARDS[result.rule.id].reference.split(" (")[0] in finding.message
+
+
+def _no_overlap() -> dict[str, dict[str, Any]]:
+    off = {"overlap_param_gather": False}
+    return {"ddp": off, "optimizer": off, "comm_overlap": off}
+
+
+def test_mx014_moe_without_overlapped_gather(container) -> None:
+    result = _result(container(model={"num_moe_experts": 4}, **_no_overlap()), "MX014")
+    _expect(result, EXPOSED["MX014"])
+    if EXPOSED["MX014"]:
+        assert result.findings[0].fix == {
+            "comm_overlap": {"overlap_param_gather": True, "overlap_grad_reduce": True}
+        }
+    # does not apply: overlapped gather, or a dense model, or no reuse
+    assert _result(container(model={"num_moe_experts": 4}), "MX014").status == "pass"
+    assert _result(container(**_no_overlap()), "MX014").status == "pass"
+    assert (
+        _result(container("reference", model={"num_moe_experts": 4}, **_no_overlap()), "MX014").status
+        == "pass"
+    )
+
+
+def _full_iteration_graph() -> dict[str, Any]:
+    from megatron.core.transformer.enums import CudaGraphScope
+
+    return {"cuda_graph_impl": "local", "cuda_graph_scope": [CudaGraphScope.full_iteration]}
+
+
+def test_mx015_full_iteration_cuda_graph(container) -> None:
+    graph = _full_iteration_graph()
+    result = _result(container(model=graph), "MX015")
+    _expect(result, EXPOSED["MX015"])
+    assert (
+        _result(container(model={**graph, "cuda_graph_scope": "full_iteration"}), "MX015").status
+        == result.status
+    )
+    # does not apply: no graph, no reuse, or a non-overlapped gather (the optimizer stages itself)
+    assert _result(container(), "MX015").status == "pass"
+    assert _result(container("reference", model=graph), "MX015").status == "pass"
+    assert _result(container(model=graph, **_no_overlap()), "MX015").status == "pass"
+
+
+def test_mx016_fp8_params_with_cpu_offload(container) -> None:
+    offload = {"optimizer_cpu_offload": True, "use_precision_aware_optimizer": True}
+    result = _result(container(optimizer=offload), "MX016")
+    _expect(result, EXPOSED["MX016"])
+    # does not apply: bf16 params, or no offload
+    assert _result(container("reference", optimizer=offload), "MX016").status == "pass"
+    assert _result(container(), "MX016").status == "pass"
+
+
+def test_mx007_step_overlap_with_reuse(container) -> None:
+    """Refused in every cell (unsupported before 0.19, a ValueError from 0.19); the message says
+    which of the two the installed core does."""
+    on = {"overlap_param_gather_with_optimizer_step": True}
+    result = _result(container(optimizer=on, comm_overlap=on), "MX007")
+    assert result.status == "fail"
+    rejects = "rejects it at config time (ValueError" in result.findings[0].message
+    assert rejects is (not EXPOSED["MX007"])
+    assert _result(container("reference", optimizer=on, comm_overlap=on), "MX007").status == "pass"
+
+
+def test_doctor_lists_the_same_exposure() -> None:
+    from mbridge_mxfp8_plugin.doctor import diagnose
+
+    report = diagnose()
+    assert {h: info["exposed"] for h, info in report["hazards"].items()} == _facts()
