@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ._adapter import EngineHolder
+from ._adapter import EngineHolder, bridge_resumed
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .sync import ParamSyncEngine
@@ -160,6 +160,8 @@ class MXFP8ParamSyncCallback(EngineHolder):
             # Bridge >= 0.6 with core >= 0.19 stages before every forced sync and core does the
             # rest: the engine is then passive (and trusts the loop's gathers when judging evals).
             engine.loop_stages_itself()
+        optimizer = getattr(context, "optimizer", None)
+        self._verify("checkpoint load", context.model, optimizer, when=bridge_resumed(context))
 
     def on_train_step_start(self, context: Any) -> None:
         engine = self._engine(context)
@@ -188,6 +190,7 @@ class MXFP8ParamSyncCallback(EngineHolder):
         if engine is not None:
             # The engine judges whether the loop's forced gather collected what it staged.
             self._eval_starts(engine, event, gathered_fresh=None)
+        self._verify(event, context.model)
 
     def _after_eval(self, context: Any, event: str) -> None:
         engine = self._engine(context)
@@ -209,6 +212,7 @@ class MXFP8ParamSyncCallback(EngineHolder):
         self._after_eval(context, "on_test_end")
 
     def on_checkpoint_save(self, context: Any) -> None:
+        self._verify("on_checkpoint_save", context.model)
         engine = self._engine(context)
         if engine is None:
             return
@@ -227,7 +231,8 @@ class MXFP8ParamSyncCallback(EngineHolder):
             # Bridge < 0.5 saves right before its closing disable (interval save at the last step,
             # 0.4's end-of-training save) and fires no callback for it.
             engine.forced_sync_unobserved()
-        self._record("on_train_end", engine.refresh_weights(gathered_fresh=None))
+        self._record("on_train_end", engine.training_ended(gathered_fresh=None))
+        self._verify("on_train_end", context.model)
 
     # Lightning-style conventions: nothing here must survive a resume.
     def state_dict(self) -> dict[str, Any]:

@@ -33,8 +33,7 @@ except ImportError as _exc:  # the extra is not installed
         "mbridge_mxfp8_plugin.lightning needs Lightning: pip install 'mbridge-mxfp8-plugin[lightning]'"
     ) from _exc
 
-from ._adapter import EngineHolder
-from .buckets import is_megatron_ddp, is_megatron_fsdp
+from ._adapter import EngineHolder, find_model_chunks
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .plan import distributed_optimizers
@@ -56,48 +55,6 @@ def _describe(obj: Any) -> str:
         names = [type(o).__name__ for o in obj[:4]] + (["..."] if len(obj) > 4 else [])
         return f"{type(obj).__name__}[{', '.join(names)}]"
     return type(obj).__name__
-
-
-def find_model_chunks(roots: Iterable[Any]) -> tuple[list[Any], list[Any]]:
-    """Megatron-core DDP chunks reachable from ``roots``; returns ``(ddp_chunks, fsdp_chunks)``.
-
-    Walks lists and ``ModuleList``-like containers (NeMo's ``MegatronParallel`` is one), ``.module``
-    wrapper chains (``Float16Module`` -> DDP) and child modules, but never into a DDP chunk: the
-    model inside can be huge and holds nothing we need. Order is preserved, duplicates dropped.
-    """
-    found: list[Any] = []
-    fsdp: list[Any] = []
-    seen: set[int] = set()
-
-    def visit(obj: Any, depth: int) -> None:
-        if obj is None or id(obj) in seen or depth > _MAX_DEPTH:
-            return
-        seen.add(id(obj))
-        if is_megatron_fsdp(obj):
-            fsdp.append(obj)
-            return
-        if is_megatron_ddp(obj):
-            found.append(obj)
-            return
-        if isinstance(obj, (list, tuple)):
-            for item in obj:
-                visit(item, depth + 1)
-            return
-        inner = getattr(obj, "module", None) if not isinstance(obj, type) else None
-        if inner is not None:
-            visit(inner, depth + 1)
-        children = getattr(obj, "children", None)
-        if callable(children):
-            try:
-                kids = list(children())
-            except TypeError:
-                kids = []
-            for child in kids:
-                visit(child, depth + 1)
-
-    for root in roots:
-        visit(root, 0)
-    return found, fsdp
 
 
 def find_megatron_optimizer(candidates: Iterable[Any]) -> Any | None:
@@ -242,6 +199,10 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         if engine is not None:
             self._check_job(engine)
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # After Lightning restored the optimizer state too (on_fit_start comes before that).
+        self._verify("checkpoint load", when=bool(getattr(trainer, "ckpt_path", None)))
+
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Drop references to the model so a finished Trainer does not keep it alive through us.
         self.engine = None
@@ -290,7 +251,8 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         if engine is None or not self.options.refresh_at_train_end or engine.optimizer is None:
             return
         if self._stepped:
-            self._record("on_train_end", engine.refresh_weights(gathered_fresh=False))
+            self._record("on_train_end", engine.training_ended(gathered_fresh=False))
+            self._verify("on_train_end")
 
     # ------------------------------------------------------------------ validation / test
     def _before_eval(self, trainer: Any, pl_module: Any, event: str) -> None:
@@ -301,6 +263,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
             # Lightning loops never force a sync right before validation: no forced gather to
             # reuse. Also right for the sanity check before any step (main params = weights).
             self._eval_starts(engine, event, gathered_fresh=False)
+        self._verify(event)
 
     def _after_eval(self, event: str) -> None:
         engine = self.engine
@@ -331,6 +294,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         re-stage so that write-back gathers weights rather than the re-zeroed buffer.
         """
         self._prepare_save("on_save_checkpoint")
+        self._verify("on_save_checkpoint")
 
     def _prepare_save(self, event: str) -> None:
         engine = self.engine
