@@ -23,7 +23,14 @@ from .sync import ParamSyncEngine, SyncStats
 if TYPE_CHECKING:  # pragma: no cover
     from .verify import WeightReport
 
-__all__ = ["HISTORY_LENGTH", "EngineHolder", "find_model_chunks", "inactive_reason", "validate_live_job"]
+__all__ = [
+    "HISTORY_LENGTH",
+    "EngineHolder",
+    "bridge_resumed",
+    "find_model_chunks",
+    "inactive_reason",
+    "validate_live_job",
+]
 
 #: Events an entry point remembers in ``history`` (for logs and tests); older ones are dropped.
 HISTORY_LENGTH = 1024
@@ -73,6 +80,13 @@ def find_model_chunks(roots: Iterable[Any]) -> tuple[list[Any], list[Any]]:
     for root in roots:
         visit(root, 0)
     return found, fsdp
+
+
+def bridge_resumed(context: Any) -> bool:
+    """A Bridge callback context at train start of a job that loaded a checkpoint: Bridge's
+    ``GlobalState.train_state.step`` is the loaded step there, 0 for a fresh job."""
+    step = getattr(getattr(getattr(context, "state", None), "train_state", None), "step", 0)
+    return isinstance(step, int) and step > 0
 
 
 def inactive_reason(chunks: Sequence[Any]) -> str | None:

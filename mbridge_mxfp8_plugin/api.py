@@ -67,8 +67,8 @@ class MXFP8ParamSync(EngineHolder):
     Build it with :func:`mxfp8_param_sync`. Every method is safe to call on every rank at the
     same point of the loop (they may issue collectives) and returns the engine's
     :class:`~mbridge_mxfp8_plugin.SyncStats` for logging. Reads ``enabled``, ``repair_alignment``,
-    ``validate``, ``strict``, ``refresh_at_train_end`` and ``verify_weights`` of its options (the others name events
-    this loop does not announce).
+    ``validate``, ``strict``, ``refresh_at_train_end`` and ``verify_weights`` of its options (the
+    others name events this loop does not announce).
     """
 
     framework = "loop API"
@@ -97,9 +97,9 @@ class MXFP8ParamSync(EngineHolder):
     def step_started(self) -> SyncStats:
         """A training step begins: undo what a forced sync (eval, save, weight-hash check) left
         behind, so this step gathers the fresh weights instead of adding them to its gradients (C)."""
+        self._stepped = True
         if self.engine is None:
             return self._idle()
-        self._stepped = True
         return self.engine.step_started()
 
     def before_eval(self) -> SyncStats:

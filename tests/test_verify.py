@@ -6,8 +6,13 @@ for ordinary steps, and for the point right after a step's forward and backward 
 weights must equal the quantized main params the optimizer has not yet stepped) the same order
 cut before ``optimizer.step()``. Each defect case runs with one of the plugin's fixes left out and
 with it in: the verifier must fire where the fix is missing and stay silent where it is present.
-Expectations come from UPSTREAM.md's description of megatron-core 0.16.1 (no forced write-back,
-naive ``param_to_index``, dispatch state kept after a forced sync), not from the verifier.
+Expectations come from UPSTREAM.md's description of each release (0.16.1: no forced write-back,
+naive ``param_to_index``, dispatch state kept after a forced sync; write-back from 0.18, dispatch
+reset from 0.19), gated on what :func:`~mbridge_mxfp8_plugin.probe_core` finds in the installed
+cell, not on the verifier. The ``opt:`` cases run the product path: the loop API with
+``PluginOptions(verify_weights=True)``, where a fix is switched off by disabling the plugin or one
+engine step, and a save + resume through an in-memory checkpoint (``param.data`` as the save's
+forced sync leaves it, and the fp32 main shards).
 """
 
 from __future__ import annotations
@@ -220,6 +225,114 @@ def _case_expert() -> dict[str, Any]:
     return {"stale": stale, "report": report, "expert_params": experts, "job": job}
 
 
+def _snapshot(job: Any) -> tuple[dict[str, torch.Tensor], list[list[torch.Tensor]]]:
+    """What a checkpoint holds after a save: every ``param.data`` and the fp32 main shards."""
+    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+
+    weights = {
+        f"{i}.{n}": (p.dequantize() if hasattr(p, "dequantize") else p.detach()).clone()
+        for i, chunk in enumerate(job.model)
+        for n, p in chunk.named_parameters()
+    }
+    mains = [
+        [m.detach().clone() for g in opt.optimizer.param_groups for m in g["params"]]
+        for opt in distributed_optimizers(job.optimizer)
+    ]
+    return weights, mains
+
+
+def _load(job: Any, snapshot: tuple[dict[str, torch.Tensor], list[list[torch.Tensor]]]) -> None:
+    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+
+    weights, mains = snapshot
+    with torch.no_grad():
+        for i, chunk in enumerate(job.model):
+            for n, p in chunk.named_parameters():
+                p.data.copy_(weights[f"{i}.{n}"].to(p.dtype))  # an MXFP8 param quantizes
+        for opt, saved in zip(distributed_optimizers(job.optimizer), mains, strict=True):
+            params = [m for g in opt.optimizer.param_groups for m in g["params"]]
+            for m, value in zip(params, saved, strict=True):
+                m.copy_(value)
+
+
+class _Errors:
+    """The plugin's ERROR records (rank zero logs them; the others see none)."""
+
+    def __init__(self) -> None:
+        import logging
+
+        self.lines: list[str] = []
+        self.handler = logging.Handler(level=logging.ERROR)
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())  # type: ignore[method-assign]
+
+    def __enter__(self) -> list[str]:
+        import logging
+
+        logging.getLogger("mbridge_mxfp8_plugin").addHandler(self.handler)
+        return self.lines
+
+    def __exit__(self, *exc: Any) -> None:
+        import logging
+
+        logging.getLogger("mbridge_mxfp8_plugin").removeHandler(self.handler)
+
+
+def _case_option(mode: str) -> dict[str, Any]:
+    """The loop API with ``verify_weights=True`` in Megatron-LM's order: steps, an eval, a step, a
+    save, train end. ``disabled``: ``enabled=False`` (every fix off; ``strict`` so it raises);
+    ``b1_off``/``b2_off``: the plugin on with its write-back skipped / the loop's unstaged forced
+    gather trusted (``strict=False``: ERROR records); ``on``: the plugin on, then a resume from
+    the checkpoint the save produced; ``stale_ckpt``: ``enabled=False`` through the save, then the
+    same resume, where the check at load must find the checkpoint's weights stale."""
+    from mbridge_mxfp8_plugin import MXFP8PluginError, PluginOptions, mxfp8_param_sync
+    from mbridge_mxfp8_plugin.testing.megatron_lm_loop import train_step
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+
+    off = mode in ("disabled", "stale_ckpt")
+    options = PluginOptions(enabled=not off, verify_weights=True, strict=mode in ("disabled", "on"))
+    job = build_job(ToyConfig())
+    sync = mxfp8_param_sync(job.model, job.optimizer, options)
+    if mode == "b1_off":
+        sync.engine._writes().run = lambda *, zero: 0  # type: ignore[union-attr]
+    if mode == "b2_off":
+        sync.engine._judge_fresh = lambda gathered_fresh: True  # type: ignore[union-attr]
+    rec: dict[str, Any] = {"reports": {}, "error": None}
+    with _Errors() as errors:
+        try:
+            _train(job, ITERS, sync)
+            _forced_sync(job)
+            sync.before_eval()
+            rec["reports"]["eval"] = sync.last_report
+            for chunk in job.model:
+                chunk.enable_forward_pre_hook()
+            sync.after_eval()
+            sync.step_started()
+            train_step(job, *_batch(job, 90))
+            sync.last_report = None
+            sync.before_save()
+            rec["reports"]["save"] = sync.last_report
+            _forced_sync(job)  # the save's forced sync, then what it writes
+            snapshot = _snapshot(job)
+            sync.close()
+            rec["reports"]["train_end"] = sync.last_report
+        except MXFP8PluginError as exc:
+            rec["error"] = str(exc)
+        if mode in ("on", "stale_ckpt") and rec["error"] is None:
+            job2 = build_job(ToyConfig())
+            _load(job2, snapshot)
+            resumed = mxfp8_param_sync(job2.model, job2.optimizer, options)
+            rec["reports"]["load"] = resumed.verify("checkpoint load")
+            if mode == "on":
+                _train(job2, 1, resumed)
+                _forced_sync(job2)
+                resumed.before_eval()
+                rec["reports"]["resumed eval"] = resumed.last_report
+                rec["job2"] = job2
+    rec["errors"] = list(errors)
+    rec["job"] = job
+    return rec
+
+
 def _rank() -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
@@ -234,10 +347,16 @@ def _rank() -> dict[str, Any]:
         for mode in ("c_off", "c_fixed", "on"):
             out[f"c:{mode}"] = _case_c(mode)
         out["expert"] = _case_expert()
+        for mode in ("disabled", "b1_off", "b2_off", "on", "stale_ckpt"):
+            out[f"opt:{mode}"] = _case_option(mode)
     for value in out.values():
         if isinstance(value, dict):
             value.pop("job", None)
+            value.pop("job2", None)
+    from mbridge_mxfp8_plugin import probe_core
+
     out["core"] = __import__("megatron.core", fromlist=["__version__"]).__version__
+    out["behaviour"] = probe_core().as_dict()
     return out
 
 
@@ -247,11 +366,10 @@ def runs() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def core(runs: list[dict[str, Any]]) -> str:
-    version = str(runs[0]["core"])
-    if not version.startswith("0.16."):
-        pytest.skip(f"defect expectations are megatron-core 0.16's; installed {version}")
-    return version
+def behaviour(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the installed megatron-core does by itself (probed in the ranks): each defect
+    expectation holds only where the release has that defect."""
+    return dict(runs[0]["behaviour"])
 
 
 def test_silent_at_init(runs: list[dict[str, Any]]) -> None:
@@ -260,7 +378,7 @@ def test_silent_at_init(runs: list[dict[str, Any]]) -> None:
         assert r["init"].params_checked > 0 and r["init"].groups_reduced == 1
 
 
-def test_stale_after_step_then_ensure(runs: list[dict[str, Any]], core: str) -> None:
+def test_stale_after_step_then_ensure(runs: list[dict[str, Any]]) -> None:
     for r in runs:
         stale = r["stale"]
         # Stale alike on both replicas: only the shard check can see it.
@@ -289,10 +407,15 @@ def test_replica_disagreement(runs: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["off", "b1_off", "b2_off"])
-def test_fires_at_eval_without_b_fixes(runs: list[dict[str, Any]], core: str, mode: str) -> None:
+def test_fires_at_eval_without_b_fixes(
+    runs: list[dict[str, Any]], behaviour: dict[str, Any], mode: str
+) -> None:
+    # Staged but not written back (b1_off) is wrong only where core does not write forced gathers
+    # back (< 0.18); the other two are wrong everywhere (stale, or the gathered gradients).
+    fires = not (mode == "b1_off" and behaviour["forced_sync_writes_back"])
     for r in runs:
         rep = r[f"b:{mode}"]["eval"]
-        assert not rep.ok and rep.shard_mismatch_count > 0, rep.message()
+        assert (not rep.ok and rep.shard_mismatch_count > 0) == fires, rep.message()
 
 
 def test_b_silent_with_plugin_on(runs: list[dict[str, Any]]) -> None:
@@ -302,24 +425,31 @@ def test_b_silent_with_plugin_on(runs: list[dict[str, Any]]) -> None:
             assert rep.ok, rep.message()
 
 
-def test_fires_at_train_end_without_plugin(runs: list[dict[str, Any]], core: str) -> None:
+def test_fires_at_train_end_without_plugin(runs: list[dict[str, Any]]) -> None:
     for r in runs:
         assert not r["b:off"]["train_end"].ok
 
 
-def test_a_fires_on_misindexed_params(runs: list[dict[str, Any]], core: str) -> None:
+def test_a_fires_on_misindexed_params(runs: list[dict[str, Any]], behaviour: dict[str, Any]) -> None:
     for r in runs:
         off, on = r["a:off"], r["a:on"]
-        assert off["misindexed"], "megatron-core 0.16 should mis-index the toy's params (A)"
         rep = off["report"]
-        assert not rep.ok and rep.shard_mismatch_count > 0, rep.message()
-        assert {m.name for m in rep.shard_mismatches} <= off["misindexed"]
+        if behaviour["pads_bucket_offsets"]:
+            # Core honours the padding: nothing is mis-indexed, so nothing to expose.
+            assert not off["misindexed"] and rep.ok, rep.message()
+        else:
+            assert off["misindexed"], "an unpadded core should mis-index the toy's params (A)"
+            assert not rep.ok and rep.shard_mismatch_count > 0, rep.message()
+            assert {m.name for m in rep.shard_mismatches} <= off["misindexed"]
         assert on["report"].ok, on["report"].message()
 
 
-def test_c_fires_on_the_step_after_a_forced_sync(runs: list[dict[str, Any]], core: str) -> None:
+def test_c_fires_on_the_step_after_a_forced_sync(
+    runs: list[dict[str, Any]], behaviour: dict[str, Any]
+) -> None:
     for r in runs:
-        assert not r["c:c_off"]["report"].ok
+        # Core >= 0.19 re-arms the pre-hooks itself when the loop stages (C fixed upstream).
+        assert r["c:c_off"]["report"].ok == bool(behaviour["has_dispatch_reset"])
         assert r["c:c_fixed"]["report"].ok, r["c:c_fixed"]["report"].message()
         assert r["c:on"]["report"].ok, r["c:on"]["report"].message()
 
@@ -331,3 +461,62 @@ def test_expert_parallel_buffers(runs: list[dict[str, Any]]) -> None:
         stale, rep = case["stale"], case["report"]
         assert not stale.ok and any(m.name.startswith("module.layers.1.") for m in stale.shard_mismatches)
         assert rep.ok and rep.params_hashed == 6, rep.message()
+
+
+# ------------------------------------------------------------------ the option (loop API)
+def _writes_back(runs: list[dict[str, Any]]) -> bool:
+    return bool(runs[0]["behaviour"]["forced_sync_writes_back"])
+
+
+def test_option_disabled_plugin_raises_at_first_eval(runs: list[dict[str, Any]]) -> None:
+    # No fix at all: the toy loop stages nothing before its forced sync, on every release the
+    # eval reads stale weights (core < 0.18) or the gathered gradients (>= 0.18).
+    for r in runs:
+        case = r["opt:disabled"]
+        assert case["error"] and "MXFP8 weight check at eval (loop API): WRONG" in case["error"], case
+
+
+def test_option_b1_off_reports_at_eval_where_core_does_not_write_back(runs: list[dict[str, Any]]) -> None:
+    for rank, r in enumerate(runs):
+        case = r["opt:b1_off"]
+        assert case["error"] is None  # strict=False: reported, not raised
+        if _writes_back(runs):
+            # Core writes the forced gather back itself: the plugin's write-back is not needed.
+            assert all(rep is None or rep.ok for rep in case["reports"].values()), case
+            assert case["errors"] == []
+        else:
+            assert not case["reports"]["eval"].ok
+            if rank == 0:
+                assert case["errors"] and "at eval (loop API): WRONG" in case["errors"][0]
+
+
+def test_option_b2_off_reports_at_eval(runs: list[dict[str, Any]]) -> None:
+    for rank, r in enumerate(runs):
+        case = r["opt:b2_off"]
+        assert case["error"] is None and not case["reports"]["eval"].ok, case
+        assert bool(case["errors"]) == (rank == 0)  # one rank-zero line per event
+        if rank == 0:
+            assert "at eval (loop API): WRONG" in case["errors"][0]
+
+
+def test_option_silent_with_plugin_on_across_save_and_resume(runs: list[dict[str, Any]]) -> None:
+    for r in runs:
+        case = r["opt:on"]
+        assert case["error"] is None and case["errors"] == [], case
+        reports = case["reports"]
+        assert {"eval", "train_end", "load", "resumed eval"} <= {
+            k for k, v in reports.items() if v is not None
+        }
+        # The save is checked before its forced sync only where core does not write it back.
+        assert (reports["save"] is None) == _writes_back(runs)
+        for event, rep in reports.items():
+            assert rep is None or (rep.ok and rep.params_checked > 0), (event, rep.message())
+
+
+def test_option_resume_from_a_stale_checkpoint_fires_at_load(runs: list[dict[str, Any]]) -> None:
+    for rank, r in enumerate(runs):
+        case = r["opt:stale_ckpt"]
+        load = case["reports"]["load"]
+        assert not load.ok and "checkpoint load (loop API)" in load.message()
+        if rank == 0:
+            assert any("at checkpoint load (loop API): WRONG" in line for line in case["errors"])
