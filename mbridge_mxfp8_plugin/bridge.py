@@ -231,7 +231,7 @@ class MXFP8ParamSyncCallback(EngineHolder):
             # Bridge < 0.5 saves right before its closing disable (interval save at the last step,
             # 0.4's end-of-training save) and fires no callback for it.
             engine.forced_sync_unobserved()
-        self._record("on_train_end", engine.refresh_weights(gathered_fresh=None))
+        self._record("on_train_end", engine.training_ended(gathered_fresh=None))
         self._verify("on_train_end", context.model)
 
     # Lightning-style conventions: nothing here must survive a resume.

@@ -251,7 +251,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         if engine is None or not self.options.refresh_at_train_end or engine.optimizer is None:
             return
         if self._stepped:
-            self._record("on_train_end", engine.refresh_weights(gathered_fresh=False))
+            self._record("on_train_end", engine.training_ended(gathered_fresh=False))
             self._verify("on_train_end")
 
     # ------------------------------------------------------------------ validation / test

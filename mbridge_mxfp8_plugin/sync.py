@@ -4,7 +4,9 @@ Framework-neutral: it knows megatron-core DDP model chunks, bucket groups and di
 optimizers, nothing about Bridge, Lightning or Megatron-LM's ``training.py``; every read or write
 of megatron-core's param-sync state lives here (the copies themselves are planned in
 :mod:`.plan`, the offsets repaired in :mod:`.buckets`). A loop tells the engine what is about to
-happen, one method per event:
+happen, one method per event. Where the loop stages before every forced sync itself and core
+does the rest (:attr:`ParamSyncEngine.passive`), every event method returns at once: no
+collective, no staging, no write; only an optimizer-less eval still marks the groups synced.
 
 * :meth:`ParamSyncEngine.prepare` once per job (probe, repair offsets, plan the copies);
 * :meth:`ParamSyncEngine.step_started` when a training step begins;
@@ -15,6 +17,7 @@ happen, one method per event:
 * :meth:`ParamSyncEngine.refresh_for_save` before a save that may or may not force a sync first;
 * :meth:`ParamSyncEngine.before_eval` / :meth:`ParamSyncEngine.after_forced_sync` around eval
   and test, and after a save;
+* :meth:`ParamSyncEngine.training_ended` after the loop's closing forced sync;
 * :meth:`ParamSyncEngine.refresh_weights` when something outside training reads the weights;
 * :meth:`ParamSyncEngine.forced_sync_unobserved` after a forced sync no event announced.
 
@@ -55,10 +58,8 @@ class SyncStats:
 
 
 class ParamSyncEngine:
-    """Keeps MXFP8 params correct around forced param syncs for one set of model chunks.
-
-    Cheap to construct; :meth:`prepare` does the one-time work. Holding the engine costs nothing
-    per training step: :meth:`step_started` is a flag check per bucket group.
+    """Keeps MXFP8 params correct around forced param syncs for one set of model chunks. Cheap to
+    construct (:meth:`prepare` does the one-time work); :meth:`step_started` is a flag check per group.
     """
 
     def __init__(
@@ -83,12 +84,9 @@ class ParamSyncEngine:
         self._write_plan: WriteBackPlan | None = None
         self._stage_plans = StagePlans()
         self.alignment: AlignmentReport | None = None
-        #: param.data holds the current main params (set by a refresh, cleared by a train step).
-        self.weights_fresh = False
-        #: main params were staged for a forced sync the loop is about to issue (cleared by a step)
-        self._staged_ahead = False
-        #: last answer of loop_stages_itself(), read through :attr:`passive`
-        self._loop_stages = False
+        self.weights_fresh = False  # param.data = current main params (set by a refresh, cleared by a step)
+        self._staged_ahead = False  # staged for a forced sync the loop is about to issue
+        self._loop_stages = False  # last answer of loop_stages_itself(), read through passive
 
     # ------------------------------------------------------------------ set-up
     @staticmethod
@@ -123,6 +121,8 @@ class ParamSyncEngine:
             return
         self.optimizer = optimizer
         self._stage_plans.clear()
+        if self._loop_stages:
+            self.loop_stages_itself()  # the new optimizer's own config decides core 0.19's staging
 
     def prepare(self, *, repair_offsets: bool = True) -> AlignmentReport | None:
         """Repair bucket offsets (defect A) and plan the write-back copies. Idempotent."""
@@ -145,11 +145,8 @@ class ParamSyncEngine:
         return bucket_groups(self.model_chunks)
 
     def forward_pre_hooks_enabled(self) -> bool:
-        """The chunks' param-gather forward pre-hooks are registered (the loop has not disabled them).
-
-        The same test megatron-core's own loops use before staging (``len(model[0].
-        remove_forward_pre_hook_handles) > 0``, Megatron-LM core_v0.16.1 training.py L1643).
-        """
+        """The chunks' param-gather pre-hooks are registered: the test megatron-core's own loops use
+        before staging (``remove_forward_pre_hook_handles``, Megatron-LM core_v0.16.1 training.py L1643)."""
         return all(
             len(getattr(c, "remove_forward_pre_hook_handles", None) or {}) > 0 for c in self.model_chunks
         )
@@ -162,8 +159,7 @@ class ParamSyncEngine:
         loaded training loop (Megatron-Bridge >= 0.6, Megatron-LM core_v0.19) calls it before its
         forced syncs; and every distributed optimizer's *own* config has both
         ``reuse_grad_buf_for_mxfp8_param_ag`` and ``overlap_param_gather`` (core 0.19 stages only
-        then). Then every engine action would only repeat core's work. The answer is remembered
-        (:attr:`passive`): :meth:`before_eval` then trusts the loop's forced gather.
+        then). Then every engine action would only repeat core's work. Remembered in :attr:`passive`.
         """
         beh = self.behaviour
         stages = (
@@ -185,8 +181,8 @@ class ParamSyncEngine:
 
     @property
     def passive(self) -> bool:
-        """The last :meth:`loop_stages_itself` said yes: adapters announce no forced sync (nothing
-        to stage ahead of it) and the loop API does nothing at all."""
+        """The last :meth:`loop_stages_itself` said yes: every event method returns at once (no
+        collective, staging or write; an optimizer-less eval only marks the groups synced)."""
         return self._loop_stages
 
     def synced_without_gather_in_flight(self) -> bool:
@@ -215,7 +211,7 @@ class ParamSyncEngine:
         when a gather is certain to follow (pre-hooks on, nothing dispatched): staged values that
         are not gathered and re-zeroed by ``finish_param_sync`` become gradients.
         """
-        if not (self.active and self.overlap) or self.optimizer is None:
+        if not (self.active and self.overlap) or self.optimizer is None or self._loop_stages:
             return False
         self._reset_dispatch()
         if not self.forward_pre_hooks_enabled():
@@ -228,34 +224,31 @@ class ParamSyncEngine:
         """The loop will force a param sync next (eval, checkpoint save) with no hook in between.
 
         Stages the main params so the loop's own forced all-gather collects weights, not the
-        gradients in the shared buffer (B2), and no second gather is needed. For a save on
-        core < 0.18, which never writes a forced gather back and fires no hook before the write,
-        the weights are refreshed now instead and the gathered buffer is kept, so the save's own
-        gather collects the same values. Skipped while an eval's gather is in flight (the eval's
-        :meth:`before_eval` then gathers itself); a save waits for it.
+        gradients in the shared buffer (B2), and no second gather is needed. For a save on core
+        < 0.18 (no write-back, no hook before the write) the weights are refreshed now and the
+        gathered buffer kept, so the save's gather collects the same values. Skipped while an
+        eval's gather is in flight (its :meth:`before_eval` gathers itself); a save waits for it.
         """
-        stats = SyncStats()
+        if self._loop_stages:
+            return _passive()
         if not (self.active and self.overlap) or self.optimizer is None:
-            stats.note = "nothing to stage"
-            return stats
+            return SyncStats(note="nothing to stage")
         if save and not self.behaviour.forced_sync_writes_back:
             return self.refresh_weights(gathered_fresh=False, keep_gathered=True)
         if save:
             self._wait_in_flight()
-        stats.staged = self.stage_main_params()
+        stats = SyncStats(staged=self.stage_main_params())
         self._staged_ahead = stats.staged
         return stats
 
     def refresh_for_save(self) -> SyncStats:
-        """A checkpoint save reads ``param.data`` next, and the loop may or may not force a param
-        sync first (Lightning strategies differ; NeMo 2's does, with no hook after it).
-
-        Refreshes the weights now and, where core writes forced gathers back (>= 0.18), stages the
-        main params again, so a forced sync that does follow gathers weights rather than the
-        buffer the refresh's write-back re-zeroed. Loops that always force a sync right before a
-        save, with no hook in between (Megatron-LM, Bridge), use
-        ``before_forced_sync(save=True)``, which issues no gather of its own on core >= 0.18.
-        """
+        """A save reads ``param.data`` next, and the loop may or may not force a param sync first
+        (Lightning strategies differ; NeMo 2's does, with no hook after it): refresh now and, where
+        core writes forced gathers back (>= 0.18), stage again so a sync that follows gathers weights,
+        not the re-zeroed buffer. Loops that always force one right before a save (Megatron-LM,
+        Bridge) use ``before_forced_sync(save=True)``: no gather of its own on core >= 0.18."""
+        if self._loop_stages:
+            return _passive()
         stats = self.refresh_weights(gathered_fresh=False)
         if self.optimizer is not None and self.behaviour.forced_sync_writes_back:
             stats.staged = self.stage_main_params()
@@ -275,6 +268,8 @@ class ParamSyncEngine:
         """
         if self.optimizer is None:
             return self._hold()
+        if self._loop_stages:
+            return _passive()
         return self._refresh(gathered_fresh=self._judge_fresh(gathered_fresh), zero=False)
 
     def after_forced_sync(self, *, restage: bool = True) -> SyncStats:
@@ -286,11 +281,12 @@ class ParamSyncEngine:
         weights rather than the buffer the write-back zeroed. Loops that call
         :meth:`before_forced_sync` before every save can pass ``restage=False``.
         """
-        stats = self._reset_dispatch()
         self._staged_ahead = False
+        if self._loop_stages:
+            return _passive()
+        stats = self._reset_dispatch()
         if (
             restage
-            and not self._loop_stages
             and self.optimizer is not None
             and self.active
             and self.overlap
@@ -301,33 +297,34 @@ class ParamSyncEngine:
         return stats
 
     def forced_sync_unobserved(self) -> None:
-        """The loop may have forced a param sync that no event announced (Bridge < 0.5 saves right
-        before its closing disable and fires no callback for that save).
-
-        On core >= 0.18 such a sync wrote the staged main params back and re-zeroed the shared
-        buffer, so a forced gather after it collected zeros: what was staged no longer counts
-        when :meth:`refresh_weights` or :meth:`before_eval` judge freshness. On core < 0.18 the
-        buffer is left as gathered, and a loop that stages itself re-stages before every sync.
-        """
+        """The loop may have forced a param sync no event announced (Bridge < 0.5 saves right before
+        its closing disable, with no callback). On core >= 0.18 it wrote the staged params back and
+        re-zeroed the buffer, so a later forced gather collected zeros: what was staged no longer
+        counts as fresh. On core < 0.18 the buffer is left as gathered."""
         if self.behaviour.forced_sync_writes_back and not self._loop_stages:
             self._staged_ahead = False
+
+    def training_ended(self, *, gathered_fresh: bool | None = None) -> SyncStats:
+        """Training is over (after the loop's closing forced sync): make the weights current for a
+        test eval or an export (``gathered_fresh`` as in :meth:`before_eval`). Nothing to do where
+        the loop stages itself: its final save and closing disable staged, core wrote back."""
+        if self._loop_stages:
+            return _passive()
+        return self.refresh_weights(gathered_fresh=gathered_fresh)
 
     def refresh_weights(
         self, *, gathered_fresh: bool | None = None, keep_gathered: bool = False
     ) -> SyncStats:
-        """Make ``param.data`` equal the current main params (rounded to the param dtype).
+        """Make ``param.data`` equal the current main params (rounded to the param dtype), on demand
+        (an export, a save on core < 0.18): unlike the event methods it acts even where the loop
+        stages itself, since after a step the params are stale there too until a forced sync.
 
-        For readers outside training (the end of training, an export, a save on core < 0.18).
         ``gathered_fresh`` as in :meth:`before_eval` (``True``: a forced gather already collected
-        freshly staged main params, so only core's missing copy-back is done, no collective).
-        Leaves every bucket group "synced" (dispatched, no handle), so forward pre-hooks that
-        stay active do not gather again.
-
-        The shared buffer is re-zeroed afterwards unless ``keep_gathered=True``, which leaves the
-        gathered params there: a forced all-gather the framework issues next (a checkpoint save
-        on core < 0.18) then gathers the same values again instead of zeros. The next step's
-        ``zero_grad_buffer`` clears them before any gradient lands there.
-        """
+        freshly staged main params; only core's missing copy-back is done, no collective). Leaves
+        every group "synced" (dispatched, no handle), so active pre-hooks do not gather again. The
+        buffer is re-zeroed unless ``keep_gathered=True``: a forced gather the framework issues
+        next (a save on core < 0.18) then collects the same values, not zeros; the next step's
+        ``zero_grad_buffer`` clears them before any gradient lands there."""
         return self._refresh(gathered_fresh=self._judge_fresh(gathered_fresh), zero=not keep_gathered)
 
     def stage_main_params(self) -> bool:
@@ -442,6 +439,12 @@ class ParamSyncEngine:
                 group.param_gather_dispatched = False
                 stats.groups_reset += 1
         return stats
+
+
+def _passive() -> SyncStats:
+    # The loop stages before every forced sync and core writes back and resets: any collective,
+    # staging or write here would only repeat core's work (and a stage would dirty the buffer).
+    return SyncStats(note="passive: the loop stages itself")
 
 
 _SHARED: weakref.WeakValueDictionary[tuple[int, ...], ParamSyncEngine] = weakref.WeakValueDictionary()

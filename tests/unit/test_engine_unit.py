@@ -263,3 +263,114 @@ def test_fake_layout_is_reuse_mode(release):
     job = make_job(release, groups=1)
     b = job.groups[0].buckets[0]
     assert b.param_data.untyped_storage().data_ptr() == b.grad_data.untyped_storage().data_ptr()
+
+
+# -- passive means passive (issue 20): where core 0.19 and the loop do everything ----------------
+def _bytes(job) -> list[torch.Tensor]:
+    return [t.detach().clone() for g in job.groups for b in g.buckets for t in (b.grad_data, *b.params_list)]
+
+
+def _quiet(job, call):
+    """Run one engine call; assert it gathered, staged and wrote nothing (by the fakes' counters and
+    the buffers' and params' bytes, not only by what the engine says)."""
+    gathers, stagings, before = [g.gathers for g in job.groups], job.opt.stagings, _bytes(job)
+    stats = call()
+    if isinstance(stats, SyncStats):
+        assert (stats.all_gathers, stats.staged, stats.params_written, stats.buckets_zeroed) == (
+            0,
+            False,
+            0,
+            0,
+        )
+    assert [g.gathers for g in job.groups] == gathers and job.opt.stagings == stagings
+    assert all(torch.equal(a, b) for a, b in zip(_bytes(job), before, strict=True))
+    return stats
+
+
+def _loop_forced_sync(job, *, disable: bool) -> None:
+    """Bridge >= 0.6: ``prepare_model_params_for_param_sync`` before every forced sync."""
+    job.opt._copy_main_params_to_param_buffer()
+    if disable:
+        job.chunk.disable_forward_pre_hook()
+    else:  # a save's force_param_sync: pre-hooks stay on
+        for group in job.groups:
+            group.start_param_sync(force_sync=True)
+
+
+def _passive_engine(release, monkeypatch, job):
+    monkeypatch.setattr(sync, "probe_live_loop", lambda: True)
+    engine = _engine(job)
+    if not engine.loop_stages_itself():
+        pytest.skip("core < 0.19 cannot leave the work to the loop")
+    return engine
+
+
+@pytest.mark.parametrize("flags_after_sync", ["synced", "reset"])
+def test_passive_engine_does_nothing_in_any_schedule(release, monkeypatch, flags_after_sync):
+    """Evals, a periodic save between evals, the final save, the test after training, in Bridge
+    0.6's order, with every engine event: each returns having issued no gather, staged nothing and
+    written nothing, and every eval still reads the current main params (the loop's doing).
+    ``reset``: core or a hook cleared the dispatch flags before the eval event (the engine must
+    not take that for a stale gather: trusting flags is what re-gathered on the real loop)."""
+    job = make_job(release)
+    engine = _passive_engine(release, monkeypatch, job)
+
+    def eval_(value: float, event=engine.before_eval) -> None:
+        _quiet(job, engine.before_forced_sync)
+        _loop_forced_sync(job, disable=True)
+        if flags_after_sync == "reset":
+            for group in job.groups:
+                group.param_gather_dispatched = False
+        _quiet(job, event)
+        assert job.weights() == [value]
+        job.chunk.enable_forward_pre_hook()
+        _quiet(job, engine.after_forced_sync)
+
+    for step in range(1, 7):
+        _quiet(job, engine.step_started)
+        _quiet(job, engine.stage_for_step)
+        _train_step(job, value=float(step + 1))
+        if step % 2 == 0:
+            eval_(float(step + 1))
+        if step % 3 == 0:  # a periodic save (no callback before it), then on_checkpoint_save
+            _quiet(job, lambda: engine.before_forced_sync(save=True))
+            _quiet(job, engine.refresh_for_save)
+            _loop_forced_sync(job, disable=False)
+            assert job.weights() == [float(step + 1)]
+            _quiet(job, engine.after_forced_sync)
+    _quiet(job, engine.forced_sync_unobserved)
+    _quiet(job, lambda: engine.training_ended(gathered_fresh=None))
+    _quiet(job, lambda: engine.training_ended(gathered_fresh=False))
+    eval_(7.0)  # the test after training
+    assert engine.passive
+
+
+def test_passive_engine_eval_without_optimizer_only_marks_groups(release, monkeypatch):
+    """Defect E stays handled where the engine is otherwise passive: flags only, no byte written."""
+    monkeypatch.setattr(sync, "probe_live_loop", lambda: True)
+    job = make_job(release)
+    engine = _engine(job, optimizer=False)
+    assert engine.loop_stages_itself() is False  # nothing is known about the loop without an optimizer
+    _quiet(job, engine.before_eval)
+    assert all(g.param_gather_dispatched for g in job.groups)
+
+
+def test_rebinding_an_optimizer_decides_passivity_again(release, monkeypatch):
+    job = make_job(release)
+    engine = _passive_engine(release, monkeypatch, job)
+    other = make_job(release)
+    other.opt.config.overlap_param_gather = False  # core 0.19 stages only with overlap on
+    other.opt.model_chunks = [job.chunk]
+    engine.bind_optimizer(other.opt)
+    assert not engine.passive
+
+
+def test_refresh_on_demand_acts_even_when_passive(release, monkeypatch):
+    """An export right after a step (no forward since) reads stale params on core 0.19 too: the
+    explicit refresh still works where every event is passive."""
+    job = make_job(release)
+    engine = _passive_engine(release, monkeypatch, job)
+    _train_step(job, engine, value=5.0)
+    assert job.weights() == [1.0]
+    stats = engine.refresh_weights(gathered_fresh=False)
+    assert stats.all_gathers == len(job.groups) and job.weights() == [5.0]
