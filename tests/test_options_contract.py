@@ -126,3 +126,68 @@ def test_loop_api_refuses_different_options_for_the_same_chunks():
         mxfp8_param_sync([chunk], None, PluginOptions(validate=False, strict=False))
     with pytest.raises(MXFP8UsageError, match="already set up for these model chunks"):
         mxfp8_param_sync([chunk], None, validate=True)
+
+
+def test_verify_weights_is_an_option_of_every_entry_point(tmp_path):
+    """The knob is off by default, typed, and reaches check and the launcher under its YAML name."""
+    import io
+
+    from harness.mx_cases import DEFECTIVE, TINY
+
+    from mbridge_mxfp8_plugin import MXFP8ConfigError
+    from mbridge_mxfp8_plugin.check import run_check
+    from mbridge_mxfp8_plugin.launch import LaunchError, plugin_section
+
+    assert PluginOptions().verify_weights is False
+    assert PluginOptions.from_mapping({"verify_weights": True}).verify_weights is True
+    with pytest.raises(MXFP8ConfigError, match="verify_weights must be"):
+        PluginOptions.from_mapping({"verify_weights": "yes please"})
+    # The launcher reads the section and its overrides into the options the callback gets.
+    assert plugin_section(None, ["mxfp8_plugin.verify_weights=true"]).verify_weights is True
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("mxfp8_plugin:\n  verify_weights: true\n")
+    assert plugin_section(recipe, []).verify_weights is True
+    with pytest.raises(LaunchError, match="verify_weights must be"):
+        plugin_section(None, ["mxfp8_plugin.verify_weights=3"])
+    # check accepts it (a typo of it is refused: the control).
+    for key, ok in (("verify_weights", True), ("verify_weight", False)):
+        out, err = io.StringIO(), io.StringIO()
+        code = run_check(str(TINY), [f"mxfp8_plugin.{key}=true"], out=out, err=err, installed=DEFECTIVE)
+        assert (code == 0) == ok, out.getvalue() + err.getvalue()
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
+def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
+    """EngineHolder._verify: with the option on, a bad report raises under strict, else one
+    ERROR record naming the event; with the option off nothing is checked."""
+    import mbridge_mxfp8_plugin._adapter as adapter
+    import mbridge_mxfp8_plugin.verify as verify
+    from mbridge_mxfp8_plugin import MXFP8PluginError
+    from mbridge_mxfp8_plugin.verify import ParamMismatch, WeightReport
+
+    calls = []
+
+    def fake_verify(chunks, optimizer, *, event):
+        calls.append(event)
+        return WeightReport(event, shard_mismatches=[ParamMismatch("w", 1.0, 3)], shard_mismatch_count=1)
+
+    monkeypatch.setattr(verify, "verify_weights", fake_verify)
+    monkeypatch.setattr(adapter, "distributed_optimizers", lambda opt: [opt])
+    chunk, optimizer = _Chunk(), object()
+    assert MXFP8ParamSyncCallback(PluginOptions(strict=strict))._verify("eval", [chunk], optimizer) is None
+    assert calls == []  # option off: control
+    cb = MXFP8ParamSyncCallback(PluginOptions(enabled=False, verify_weights=True, strict=strict))
+    cb._verify("on_train_start", [chunk], optimizer, when=False)  # remembers, checks nothing
+    assert calls == []
+    with caplog.at_level(logging.ERROR, logger="mbridge_mxfp8_plugin"):
+        if strict:
+            with pytest.raises(MXFP8PluginError, match=r"on_eval_start \(Bridge\): WRONG.*w \(max"):
+                cb._verify("on_eval_start")
+        else:
+            report = cb._verify("on_eval_start")
+            assert report is not None and not report.ok
+    assert calls == ["on_eval_start (Bridge)"]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == (0 if strict else 1)
+    if not strict:
+        assert "on_eval_start (Bridge): WRONG" in errors[0].getMessage()
