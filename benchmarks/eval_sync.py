@@ -31,7 +31,12 @@ What a worker measures, per model size (emulated-MXFP8 weights, bf16 biases, DP=
   NCCL all-gather of the same size. Re-zeroing the buffer is not necessary when a training step
   follows (its ``zero_grad_buffer`` does it) and is not in the floor;
 * all-gathers issued per eval, extra peak memory, host time per parameter on a model with ~10k
-  small params, and the hooks' cost on training steps without a forced sync.
+  small params, and the hooks' cost on training steps without a forced sync;
+* ``verify``: the weight verifier (``verify_weights``, what ``PluginOptions(verify_weights=True)``
+  runs after every forced sync) right after an eval transition, with each quantizer: time per
+  call, extra peak memory, memory left allocated afterwards (must be 0), whether it found the
+  weights right (it must), and its ratio to the eval transition it follows (target <= 0.25 at 4B
+  with the one-pass quantizer, which stands in for TE's fused cast on both sides).
 """
 
 from __future__ import annotations
@@ -226,6 +231,8 @@ def _measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
         res["plugin_full_plainquant_s"] = _timeit(plugin_full, reset)
         res["plugin_prestaged_plainquant_s"] = _timeit(plugin_prestaged, reset)
 
+    res.update(_measure_verify(job, reset, plugin_full))
+
     core = ParamSyncEngine(job.model, job.optimizer).behaviour
     if core.has_prepare_for_param_sync:
         opt = job.optimizer
@@ -291,6 +298,39 @@ def _measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
     res["hooks_plain_step_allgathers"] = counter.take()
     counter.pgb.dist_all_gather_func = counter.orig
     return res
+
+
+def _measure_verify(job: Any, reset: Any, transition: Any) -> dict[str, Any]:
+    """The verifier after an eval transition, with the emulated (TE-rule) and the one-pass
+    quantizer: each run checks weights that the same quantizer wrote, so it must find them right."""
+    import torch
+
+    from mbridge_mxfp8_plugin import verify_weights
+
+    res: dict[str, Any] = {}
+    for suffix, quant in (("", None), ("_plainquant", _plain_quantizer)):
+        with quant() if quant else _nothing():
+            reset()
+            transition()  # the weights are current: what the option checks after an eval
+            report = verify_weights(job.model, job.optimizer, event="benchmark")
+            res[f"verify{suffix}_ok"] = report.ok
+            res[f"verify{suffix}_params_checked"] = report.params_checked
+            res[f"verify{suffix}_s"] = _timeit(
+                lambda: verify_weights(job.model, job.optimizer, event="benchmark")
+            )
+            before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+            res[f"verify{suffix}_peak_extra_bytes"] = _peak_extra(
+                lambda: verify_weights(job.model, job.optimizer, event="benchmark")
+            )
+            after = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+            res[f"verify{suffix}_persistent_bytes"] = int(after - before)
+    return res
+
+
+def _nothing() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def _host_time_per_param() -> dict[str, Any]:
@@ -373,6 +413,7 @@ TARGETS = {
     "plugin_vs_native": 0.85,
     "plugin_vs_floor": 1.40,
     "host_us_per_param": 5.0,
+    "verify_vs_eval_4B": 0.25,
 }
 
 
@@ -394,8 +435,19 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "floor_s",
             "plugin_full_allgathers",
             "plugin_prestaged_allgathers",
+            "verify_s",
+            "verify_plainquant_s",
+            "verify_ok",
+            "verify_plainquant_ok",
+            "verify_peak_extra_bytes",
+            "verify_plainquant_peak_extra_bytes",
+            "verify_persistent_bytes",
+            "verify_plainquant_persistent_bytes",
         ):
             row[key] = size[key]
+        # The verifier against the eval transition it follows (the Bridge callback's path).
+        row["ratio_verify_vs_eval"] = size["verify_plainquant_s"] / size["plugin_prestaged_plainquant_s"]
+        row["ratio_verify_vs_eval_emulated"] = size["verify_s"] / size["plugin_prestaged_s"]
         row["peak_extra_bytes_engine"] = size["plugin_peak_extra_bytes_engine"]
         row["peak_extra_bytes_emulated"] = size["plugin_peak_extra_bytes_emulated"]
         row["hooks_per_plain_step_us"] = size["hooks_per_plain_step_s"] * 1e6
@@ -409,6 +461,9 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
             row["plugin_0192_prestaged_allgathers"] = nat["plugin_prestaged_allgathers"]
             row["ratio_plugin_vs_native_emulated"] = size["plugin_prestaged_s"] / nat["native_s"]
             row["ratio_plugin_vs_native"] = size["plugin_prestaged_plainquant_s"] / nat["native_plainquant_s"]
+            # Where the plugin is passive (core 0.19 + Bridge 0.6) the option still verifies.
+            row["verify_0192_plainquant_s"] = nat["verify_plainquant_s"]
+            row["ratio_verify_vs_native_0192"] = nat["verify_plainquant_s"] / nat["native_plainquant_s"]
         row["ratio_plugin_vs_floor_emulated"] = size["plugin_prestaged_s"] / size["floor_s"]
         row["ratio_plugin_vs_floor"] = size["plugin_prestaged_plainquant_s"] / size["floor_s"]
         row["ratio_plugin_full_vs_floor"] = size["plugin_full_plainquant_s"] / size["floor_s"]
@@ -446,6 +501,28 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 f"{row['size']} extra peak memory (engine) == 0",
                 row["peak_extra_bytes_engine"] == 0,
                 row["peak_extra_bytes_engine"],
+            )
+        )
+        if row["size"] == "4B":
+            checks.append(
+                (
+                    f"4B verify / eval transition <= {TARGETS['verify_vs_eval_4B']} (one-pass quantizer)",
+                    row["ratio_verify_vs_eval"] <= TARGETS["verify_vs_eval_4B"],
+                    row["ratio_verify_vs_eval"],
+                )
+            )
+        checks.append(
+            (
+                f"{row['size']} verifier finds the refreshed weights right (both quantizers)",
+                bool(row["verify_ok"] and row["verify_plainquant_ok"]),
+                float(row["verify_ok"] and row["verify_plainquant_ok"]),
+            )
+        )
+        checks.append(
+            (
+                f"{row['size']} verifier leaves no memory allocated",
+                row["verify_persistent_bytes"] == 0 and row["verify_plainquant_persistent_bytes"] == 0,
+                max(row["verify_persistent_bytes"], row["verify_plainquant_persistent_bytes"]),
             )
         )
         checks.append(

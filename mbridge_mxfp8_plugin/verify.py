@@ -45,7 +45,7 @@ from .sync import ParamSyncEngine, SyncStats
 
 __all__ = ["ParamMismatch", "WeightReport", "ensure_weights_current", "verify_weights"]
 
-_HASH_CHUNK = 1 << 22  # elements folded per kernel: bounds the int64 temporaries (32 MiB)
+_FOLD_ROW = 1 << 12  # elements per row sum of the replica fold
 _HASH_MOD = 8191
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -182,18 +182,28 @@ def _buffer_params(chunks: list[Any]) -> Iterator[tuple[int, bool, Any, Any]]:
 
 
 # ---------------------------------------------------------------------------- numerics
-def _dequantized(param: Any) -> torch.Tensor:
-    """The values the model computes with, in the param's high-precision dtype (no grad)."""
+def _values(param: Any) -> torch.Tensor:
+    """The values the model computes with, flat, in the param's high-precision dtype (no grad).
+
+    An alias of the param's storage wherever it holds the values (plain params, the test kit's
+    emulation, whose non-structural ops return plain tensors); Transformer Engine's wrapper
+    tensors hold bytes and scales, so they are dequantized (one bf16 copy of the param).
+    """
     from megatron.core import fp8_utils
 
     with torch.no_grad():
-        if fp8_utils.is_float8tensor(param):
-            return param.dequantize()
-        return param.detach()
+        if fp8_utils.is_float8tensor(param) and (
+            hasattr(param, "_rowwise_data")
+            or hasattr(param, "_data")
+            or not hasattr(type(param), "quantize_")
+        ):
+            return param.dequantize().reshape(-1)
+        return param.detach().view(param.dtype).reshape(-1)
 
 
 def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport) -> torch.Tensor:
-    """``values`` (2-D rows of the param) quantized and dequantized as ``param`` would be; fp32."""
+    """``values`` (2-D rows of the param) quantized and dequantized as ``param`` would be, in the
+    param's dtype (exact: every MXFP8 value of a scale >= 2**-124 is a bf16 value)."""
     quantizer = getattr(param, "_quantizer", None)
     if quantizer is not None and hasattr(quantizer, "quantize"):
         try:
@@ -203,8 +213,10 @@ def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport) -> to
             if hasattr(q, "set_usage"):
                 q.set_usage(rowwise=True, columnwise=False)
             rows = values.shape[0]
-            padded = torch.nn.functional.pad(values, (0, 0, 0, (-rows) % _BLOCK))
-            out = q.quantize(padded).dequantize(dtype=torch.float32)[:rows]
+            padded = (
+                values if rows % _BLOCK == 0 else torch.nn.functional.pad(values, (0, 0, 0, (-rows) % _BLOCK))
+            )
+            out = q.quantize(padded).dequantize(dtype=param.dtype)[:rows]
             report.reference_paths["quantizer"] = report.reference_paths.get("quantizer", 0) + 1
             return out
         except Exception:  # noqa: BLE001 - fall back to the next path; recorded in reference_paths
@@ -214,31 +226,42 @@ def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport) -> to
         try:
             fresh = torch.empty(values.shape, dtype=param.dtype, device=values.device).as_subclass(cls)
             fresh.quantize_(values)
-            out = fresh.dequantize().float()
+            out = fresh.dequantize().to(param.dtype)
             report.reference_paths["own type"] = report.reference_paths.get("own type", 0) + 1
             return out
         except Exception:  # noqa: BLE001 - wrapper subclasses (TE) cannot be made this way
             pass
     report.reference_paths["te-rule cast"] = report.reference_paths.get("te-rule cast", 0) + 1
-    return mxfp8_quantize(values)
+    return mxfp8_quantize(values).to(param.dtype)
 
 
-def _compare(name: str, got: torch.Tensor, want: torch.Tensor, atol: float) -> ParamMismatch | None:
-    if got.numel() == 0 or torch.equal(got, want):
-        return None
-    diff = (got - want).abs()
-    bad = ~(diff <= atol)  # NaN counts as a difference
-    count = int(bad.sum())
-    if not count:
-        return None
-    worst = diff.nan_to_num(nan=float("inf")).max()
-    return ParamMismatch(name, float(worst), count)
+@dataclass
+class _Diff:
+    """Differences found in one param's owned slice, over the segments compared."""
+
+    elements: int = 0
+    worst: float = 0.0
+
+    def add(self, got: torch.Tensor, want: torch.Tensor, atol: float) -> None:
+        if got.numel() == 0 or torch.equal(got, want):
+            return  # the common case: one fused comparison, no temporaries kept
+        diff = (got.float() - want.float()).abs()
+        bad = ~(diff <= atol)  # NaN counts as a difference
+        count = int(bad.sum())
+        if count:
+            self.elements += count
+            self.worst = max(self.worst, float(diff.nan_to_num(nan=float("inf")).max()))
 
 
 def _check_owned(
-    name: str, param: Any, deq: torch.Tensor, own: _Owned, atol: float, report: WeightReport
+    name: str, param: Any, values: torch.Tensor, own: _Owned, atol: float, report: WeightReport
 ) -> ParamMismatch | None:
-    """Compare one param's owned slice with its main shard pushed through the param-sync path."""
+    """Compare one param's owned slice with its main shard pushed through the param-sync path.
+
+    Rows of the param that lie wholly in the shard are compared in place (views of the main
+    shard and of the param, no copy but the rounding); the partial rows at either end go
+    through a one-row window, where only whole 32-element blocks inside the shard count.
+    """
     from megatron.core import fp8_utils
 
     main = own.main
@@ -249,45 +272,109 @@ def _check_owned(
         report.unchecked.append(f"{name}: per-tensor FP8 scale spans every rank's shard")
         return None
     s, e = own.start, own.end
-    flat = deq.reshape(-1).float()
     # In reuse mode the main shard travels as bf16 (staged into the bf16 view of the grad
     # buffer); with a uint8 FP8 buffer it is cast from fp32 directly.
-    rounded = main.detach()
+    rounded = main.detach().reshape(-1)
     if own.buffer_dtype is not None and own.buffer_dtype.is_floating_point and own.buffer_dtype.itemsize >= 2:
         rounded = rounded.to(own.buffer_dtype)
+    found = _Diff()
+    report.params_checked += 1
     if not fp8_utils.is_mxfp8tensor(param):
-        report.params_checked += 1
         report.elements_checked += e - s
-        return _compare(name, flat[s:e], rounded.to(param.dtype).float(), atol)
-    last = param.shape[-1] if param.dim() > 0 else 1
-    r0, r1 = s // last, -(-e // last)
+        found.add(values[s:e], rounded.to(param.dtype), atol)
+    else:
+        last = param.shape[-1] if param.dim() > 0 else 1
+        a, b = -(-s // last), e // last  # the rows wholly inside [s, e)
+        compared = 0
+        if a < b:
+            want = _quantize_like(param, rounded[a * last - s : b * last - s].view(b - a, last), report)
+            found.add(values[a * last : b * last], want.reshape(-1), atol)
+            compared += (b - a) * last
+            edges = [(s // last, a)] if s % last else []
+            edges += [(b, -(-e // last))] if e % last else []
+        else:
+            edges = [(s // last, -(-e // last))]
+        for r0, r1 in edges:
+            compared += _check_window(param, values, rounded, s, e, r0, r1, last, atol, found, report)
+        report.elements_checked += compared
+        report.elements_skipped += (e - s) - compared
+    if not found.elements:
+        return None
+    return ParamMismatch(name, found.worst, found.elements)
+
+
+def _check_window(
+    param: Any,
+    values: torch.Tensor,
+    rounded: torch.Tensor,
+    s: int,
+    e: int,
+    r0: int,
+    r1: int,
+    last: int,
+    atol: float,
+    found: _Diff,
+    report: WeightReport,
+) -> int:
+    """Rows ``r0:r1`` that the shard ``[s, e)`` covers in part; returns the elements compared."""
+    lo, hi = max(s, r0 * last), min(e, r1 * last)
     window = torch.zeros((r1 - r0) * last, dtype=rounded.dtype, device=rounded.device)
-    window[s - r0 * last : e - r0 * last] = rounded
+    window[lo - r0 * last : hi - r0 * last] = rounded[lo - s : hi - s]
     want = _quantize_like(param, window.view(r1 - r0, last), report).reshape(-1)
-    got = flat[r0 * last : r1 * last]
     owned = torch.zeros_like(window, dtype=torch.bool)
-    owned[s - r0 * last : e - r0 * last] = True
+    owned[lo - r0 * last : hi - r0 * last] = True
     # A block counts only if every one of its elements is in this shard; padding is "owned".
     rows = torch.nn.functional.pad(owned.view(r1 - r0, last), (0, (-last) % _BLOCK), value=True)
     whole = rows.view(r1 - r0, -1, _BLOCK).all(dim=-1).repeat_interleave(_BLOCK, dim=-1)[:, :last]
     mask = whole.reshape(-1) & owned
-    compared = int(mask.sum())
-    report.params_checked += 1
-    report.elements_checked += compared
-    report.elements_skipped += (e - s) - compared
-    return _compare(name, got[mask], want.to(got.device)[mask], atol)
+    found.add(values[r0 * last : r1 * last][mask], want.to(values.device)[mask], atol)
+    return int(mask.sum())
 
 
-def _fold(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """A 64-bit fold of the bits of ``values`` (order-sensitive; integer sums wrap identically
-    on every replica, so equal bits give equal folds on any device)."""
+def _bits(values: torch.Tensor) -> torch.Tensor:
+    """The raw bits of ``values``, flat, as the widest integer type the layout allows."""
     flat = values.detach().reshape(-1)
     bits = flat.view(_INT_OF_SIZE[flat.element_size()])
-    total = torch.zeros((), dtype=torch.int64, device=flat.device)
-    for start in range(0, bits.numel(), _HASH_CHUNK):
-        part = bits[start : start + _HASH_CHUNK].to(torch.int64)
-        total = total * 1000003 + part.sum() + (part * weights[: part.numel()]).sum()
+    if bits.element_size() < 4 and bits.numel() % (4 // bits.element_size()) == 0:
+        try:
+            return bits.view(torch.int32)
+        except RuntimeError:  # storage offset not 4-byte aligned
+            pass
+    return bits
+
+
+def _fold(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A 64-bit fold of the bits of ``tensors``, equal on every replica iff (almost surely) the
+    bits are. One read pass: the bits are summed in rows of ``_FOLD_ROW`` in their own integer
+    type (exact modulo its width, so any single differing element changes its row's sum), and
+    only the row sums, 1/4096 of the data, are widened and weighted by position."""
+    total: torch.Tensor | None = None
+    for t in tensors:
+        bits = _bits(t)
+        n = bits.numel()
+        body = n - n % _FOLD_ROW
+        parts = [bits[:body].view(-1, _FOLD_ROW).sum(dim=1, dtype=bits.dtype)] if body else []
+        if body < n:
+            parts.append(bits[body:].sum(dtype=bits.dtype).reshape(1))
+        if not parts:
+            continue
+        rows = torch.cat(parts).to(torch.int64)
+        weights = torch.arange(1, rows.numel() + 1, dtype=torch.int64, device=rows.device) % _HASH_MOD + 1
+        folded = rows.sum() * 1000003 + (rows * weights).sum()
+        total = folded if total is None else total * 1000033 + folded
+    if total is None:
+        return torch.zeros((), dtype=torch.int64)
     return total
+
+
+def _replica_bits(param: Any, values: torch.Tensor) -> list[torch.Tensor]:
+    """What the replica check hashes: TE's stored bytes and scales where the param has them
+    (cheaper than its dequantized values and exactly what the GEMMs read), else the values."""
+    data = getattr(param, "_rowwise_data", None)
+    scales = getattr(param, "_rowwise_scale_inv", None)
+    if isinstance(data, torch.Tensor) and isinstance(scales, torch.Tensor):
+        return [data, scales]
+    return [values]
 
 
 # ---------------------------------------------------------------------------- the check
@@ -322,25 +409,21 @@ def verify_weights(
         report.note = (report.note + "; " if report.note else "") + (
             "a param all-gather is in flight: this describes the weights before it lands"
         )
-    weights: torch.Tensor | None = None
     hashes: dict[int, tuple[Any, list[torch.Tensor], list[str]]] = {}
     for _, _, group, param in _buffer_params(chunks):
         name = names.get(param, f"<param {tuple(param.shape)}>")
         try:
-            deq = _dequantized(param)
+            values = _values(param)
             if param in owned:
-                bad = _check_owned(name, param, deq, owned[param], atol, report)
+                bad = _check_owned(name, param, values, owned[param], atol, report)
                 if bad is not None:
                     report.shard_mismatch_count += 1
                     if len(report.shard_mismatches) < max_names:
                         report.shard_mismatches.append(bad)
-            if weights is None or weights.device != deq.device:
-                weights = torch.arange(_HASH_CHUNK, dtype=torch.int64, device=deq.device) % _HASH_MOD + 1
-            folded = _fold(deq, weights)
+            folded = _fold(_replica_bits(param, values)).to(values.device)
         except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce below
             report.unchecked.append(f"{name}: {type(exc).__name__}: {exc}")
             folded = torch.zeros((), dtype=torch.int64, device=param.device)
-        del deq
         entry = hashes.setdefault(id(group), (group, [], []))
         entry[1].append(folded)
         entry[2].append(name)
