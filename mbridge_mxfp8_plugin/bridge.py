@@ -19,8 +19,11 @@ What each hook reads and does (Bridge fires them from ``train()`` and ``evaluate
 * ``on_eval_start`` / ``on_test_start`` (no optimizer in the context: we kept it): make the
   weights the eval reads equal the main params, gathering only if the framework's gather was
   not fresh (B).
-* ``on_eval_end`` / ``on_test_end``, ``on_checkpoint_save`` (Bridge >= 0.5): restore the state the
-  next training step needs (C); re-stage so that a save in the same iteration gathers weights.
+* ``on_eval_end`` / ``on_test_end``, ``on_checkpoint_save`` (Bridge >= 0.5; its ``model`` is the
+  unwrapped modules, mapped back to the engine's DDP chunks): restore the state the next training
+  step needs (C); re-stage so that a save in the same iteration gathers weights.
+* Where the loop stages before every forced sync itself (Bridge >= 0.6 on core >= 0.19, decided
+  at ``on_train_start``), every hook leaves the weights to it: no collective, staging or write.
 * ``on_train_end``: the loop's final forced sync leaves stale weights on core < 0.18; refresh
   them so what is exported or tested after ``train()`` is the trained model.
 """
@@ -67,7 +70,14 @@ class MXFP8ParamSyncCallback(EngineHolder):
     def _engine(self, context: Any) -> ParamSyncEngine | None:
         if self._disabled():
             return None
-        return self._bind(context.model, getattr(context, "optimizer", None))
+        optimizer = getattr(context, "optimizer", None)
+        if self.engine is not None and _wraps(self.engine.model_chunks, context.model):
+            # Bridge's save_checkpoint fires on_checkpoint_save with unwrap_model(model): the same
+            # job, not new chunks. Rebinding would drop the engine (and what it knows: passive,
+            # fresh, staged) and take the job for one without megatron-core DDP.
+            self.engine.bind_optimizer(optimizer)
+            return self.engine
+        return self._bind(context.model, optimizer)
 
     @staticmethod
     def _forced_syncs_ahead(context: Any, exit_expected: bool = False) -> set[str]:
@@ -241,3 +251,17 @@ class MXFP8ParamSyncCallback(EngineHolder):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
             raise MXFP8UsageError(f"MXFP8ParamSyncCallback keeps no state; got keys {sorted(state)}")
+
+
+def _wraps(chunks: list[Any], modules: Any) -> bool:
+    """``modules`` are ``chunks`` with their wrappers (DDP, Float16Module) taken off, one for one."""
+    modules = list(modules or [])
+    if len(modules) != len(chunks) or all(m is c for m, c in zip(modules, chunks, strict=True)):
+        return False
+    for chunk, module in zip(chunks, modules, strict=True):
+        inner = chunk
+        while inner is not module and hasattr(inner, "module"):
+            inner = inner.module
+        if inner is not module:
+            return False
+    return True

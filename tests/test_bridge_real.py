@@ -323,3 +323,103 @@ def test_pipeline_defect_c_only_without_aligned_param_gather(pipeline_runs, stac
         assert abs(got - ref) > 10 * TOL, (got, ref)
     elif not (present["B1"] or present["B2"]):
         assert abs(got - ref) <= TOL, (got, ref)
+
+
+# -- what the plugin itself costs per callback event (issue 20: passive means passive) -----------
+#
+# ``harness.bridge_real.costs`` counts, from outside the plugin, what happens inside each of its
+# hook calls: megatron-core's param all-gathers, other collectives, main-param stagings, and every
+# DDP buffer or param whose bytes changed. The framework's own gathers are counted between hooks.
+def _costs_table(run) -> str:
+    return "\n".join(
+        f"  step {c.step} {c.event}: gathers {c.all_gathers} (framework before: {c.framework_gathers}), "
+        f"collectives {c.other_collectives}, stagings {c.stagings}, writes {len(c.writes)}"
+        for c in run.plugin_costs
+        if not c.idle or c.framework_gathers
+    )
+
+
+def _loop_needs_nothing(stack) -> bool:
+    """Core 0.19 + Bridge 0.6: core writes forced gathers back and resets the dispatch state, and
+    the loop stages before every forced sync (the release's own files say so)."""
+    present, loop = stack
+    return not any(present[d] for d in ("A", "B1", "B2", "C")) and loop.stages_before_every_forced_sync
+
+
+@pytest.mark.parametrize("name", ["plugin", "resume", "interleaved"])
+def test_plugin_costs_nothing_where_the_pair_needs_nothing(runs, stack, name):
+    """Every hook call of every plugin run (saves between evals, the final save, the test after
+    training, a resume): no all-gather, no other collective, no staging, no byte written."""
+    if not _loop_needs_nothing(stack):
+        pytest.skip(
+            "the installed pair needs the plugin (see test_plugin_gathers_only_where_the_framework_did_not)"
+        )
+    for rank, run in enumerate(runs[name]):
+        assert run.plugin_costs, (name, rank)
+        busy = [c for c in run.plugin_costs if not c.idle]
+        assert not busy, f"{name}, rank {rank}:\n{_costs_table(run)}"
+        events = {c.event for c in run.plugin_costs}
+        assert {"on_eval_start", "on_eval_end", "on_test_start", "on_train_end"} <= events, events
+
+
+def test_interleaved_schedule_trains_like_the_plain_one(runs, stack):
+    """Evals at 2 and 4 around the save at 3 change nothing in training, the checkpoints are the
+    rounded main params, and the test after training sees the same weights."""
+    from harness.bridge_real.ckpt import saved_steps, weights_vs_main_params
+
+    plain, inter = runs["plugin"][0], runs["interleaved"][0]
+    print("\nplugin costs per event, interleaved schedule, rank 0:\n" + _costs_table(inter))
+    assert [s for s, _ in inter.eval_losses] == [2, 4, 6, 6]
+    diffs = [abs(inter.train_losses[s] - plain.train_losses[s]) for s in range(1, 7)]
+    assert max(diffs) <= TOL, diffs
+    assert abs(inter.test_loss - plain.test_loss) <= TOL
+    steps = saved_steps(inter.save_dir)
+    assert steps == [3, 6], steps
+    worst = {
+        s: weights_vs_main_params(inter.save_dir, s, inter.layout, inter.mxfp8_param_names) for s in steps
+    }
+    assert not any(d > 0.0 for w in worst.values() for d in w.values()), worst
+
+
+def _save_follows(step: int) -> bool:
+    """``on_train_step_end`` at ``step`` (the counter before Bridge increments it) precedes a
+    save: every run here saves every SAVE_INTERVAL steps, and its last step (6) is one of them."""
+    from harness.bridge_real.runs import SAVE_INTERVAL
+
+    return (step + 1) % SAVE_INTERVAL == 0
+
+
+@pytest.mark.parametrize("name", ["plugin", "resume", "interleaved"])
+def test_plugin_gathers_only_where_the_framework_did_not(runs, stack, name):
+    """Where the pair needs the plugin: its all-gathers per event, each justified.
+
+    * ``on_eval_start`` / ``on_test_start``: 0. The framework's forced sync has just gathered (it is
+      counted before the event), and it collected main params the plugin staged at
+      ``on_train_step_end`` (or the loop staged: Bridge >= 0.5); after training the weights are
+      already current. Only the copy-back core < 0.18 lacks is done, no collective.
+    * ``on_train_step_end`` before a save, on core < 0.18 (B1): one gather per bucket group, the
+      same count as a framework forced sync. No hook fires between a save's forced sync and its
+      write, and that core never copies a forced gather into the params, so the plugin gathers and
+      writes back first; the framework's own gather comes after it, not before.
+    * every other event (step start, eval/test end, checkpoint save, train end): 0. They reset
+      flags or stage; at train end the last step's save already made the weights current (core <
+      0.18) or the loop's closing sync gathered what the plugin re-staged and core wrote it back.
+    """
+    present, _ = stack
+    if _loop_needs_nothing(stack):
+        pytest.skip("the pair needs nothing: see test_plugin_costs_nothing_where_the_pair_needs_nothing")
+    for rank, run in enumerate(runs[name]):
+        print(f"\nplugin costs per event, {name}, rank {rank}:\n" + _costs_table(run))
+        events = [c.event for c in run.plugin_costs]
+        in_loop = run.plugin_costs[: events.index("on_train_end")]
+        evals = [c for c in in_loop if c.event == "on_eval_start"]  # the loop's, each after a forced sync
+        assert evals and all(c.framework_gathers > 0 for c in evals), _costs_table(run)
+        per_sync = evals[0].framework_gathers  # one gather per bucket group
+        for c in run.plugin_costs:
+            want = (
+                per_sync
+                if (c.event == "on_train_step_end" and present["B1"] and _save_follows(c.step))
+                else 0
+            )
+            assert c.all_gathers == want, f"{name} rank {rank}: {c.event} at {c.step}\n{_costs_table(run)}"
+            assert c.other_collectives == 0, c

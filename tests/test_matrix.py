@@ -233,3 +233,25 @@ def test_replica_loop_order_agrees_with_installed_bridge_source() -> None:
     assert probe.stages_before_every_forced_sync == order.optimizer_prepares_sync
     assert probe.on_eval_start_after_model_eval == order.eval_events_inside_evaluate
     assert probe.fires_on_checkpoint_save == order.fires_on_checkpoint_save
+
+
+def test_loop_api_is_passive_with_a_loop_that_stages() -> None:
+    """Issue 20: megatron-core >= 0.19 (writes forced gathers back, resets the dispatch state,
+    ``prepare_model_params_for_param_sync``) with a loop that stages before every forced sync
+    (Bridge 0.6 / Megatron-LM core_v0.19 helpers): every ``mxfp8_param_sync`` call, evals between
+    saves, the final save, the closing sync and a test eval, issues no collective, stages nothing
+    and writes no byte (measured outside the plugin: harness.bridge_real.costs)."""
+    from harness.api_staging_loop import run_api_with_staging_loop
+
+    from mbridge_mxfp8_plugin.probes import probe_core
+
+    if not probe_core().has_prepare_for_param_sync:
+        pytest.skip("megatron-core < 0.19 has no prepare_model_params_for_param_sync: the loop cannot stage")
+    for rank, out in enumerate(run_api_with_staging_loop()):
+        assert out["passive"], rank
+        costs = out["costs"]
+        assert {"step_started", "before_eval", "after_eval", "before_save", "close"} <= {
+            c.event for c in costs
+        }
+        busy = [(c.event, c.step, c.all_gathers, c.stagings, c.writes[:3]) for c in costs if not c.idle]
+        assert not busy, (rank, busy)

@@ -494,10 +494,15 @@ def _save(
                 chunk.free_overlap_buffers()
     record.saved_weights[key] = _weights(model)  # what dist-checkpointing writes: param.data
     if order.fires_on_checkpoint_save:  # 0.5.1 checkpointing.py L1243-1261 (sync save)
+        # save_checkpoint unwrapped the model first (0.6.2 checkpointing.py L1120): the context
+        # carries the bare modules, not the DDP chunks the other events carry.
+        from megatron.core.utils import unwrap_model
+
+        bare = unwrap_model(list(model))
         if pending is None:
-            fire("on_checkpoint_save", optimizer=job.optimizer)
+            fire("on_checkpoint_save", optimizer=job.optimizer, model=bare)
         else:  # async: add_finalize_fn(fire_callback), L1258
-            pending.append(lambda: fire("on_checkpoint_save", optimizer=job.optimizer))
+            pending.append(lambda: fire("on_checkpoint_save", optimizer=job.optimizer, model=bare))
 
 
 def _checkpoint_and_decide_exit(job: Job, order: LoopOrder, fire: Any, record: RunRecord, state: Any) -> bool:
@@ -569,7 +574,8 @@ def train(
 
     def fire(event: str, **extra: Any) -> None:
         if cb.should_fire(manager, event):
-            manager.fire(event, ctx(state=state, model=model, user_state=manager.user_state, **extra))
+            extra.setdefault("model", model)
+            manager.fire(event, ctx(state=state, user_state=manager.user_state, **extra))
             record.events.append(event)
 
     saved_modules = {k: sys.modules.get(k) for k in (_TRAIN_MODULE,)}

@@ -4,7 +4,9 @@ Modes (``JobSpec.mode``): ``reference`` (bf16 params, MXFP8 rounding on the fly,
 gather), ``mxfp8`` (emulated MXFP8 params, fp8 param gather with reuse, plugin off), ``aligned``
 (plugin off, but the bucket offsets repaired at train start: B and C in isolation where A is
 present), ``plugin`` (plugin on), ``resume`` (plugin on, a second ``pretrain()`` that loads the
-plugin run's step-3 checkpoint and trains to the end).
+plugin run's step-3 checkpoint and trains to the end), ``interleaved`` (plugin on, evals at 2, 4
+and 6 around the save at 3). Every plugin run records what each of its hook calls cost
+(``harness.bridge_real.costs``).
 
 Every training run saves torch_dist checkpoints at its save interval (and at the end), so the
 checkpoint tests read real files written by Bridge's ``save_checkpoint``.
@@ -39,6 +41,11 @@ def specs_for(root: Path, *, with_aligned: bool, **overrides: Any) -> dict[str, 
         save_interval=None,
         load_dir=str(root / "plugin"),
         ckpt_step=SAVE_INTERVAL,
+    )
+    # Saves between evaluations (eval at 2, 4, 6; save at 3; the final save at 6; then the test):
+    # the schedule in which the plugin once re-gathered on core 0.19 + Bridge 0.6 (issue 20).
+    specs["interleaved"] = replace(
+        base, mode="plugin", eval_interval=2, save_interval=SAVE_INTERVAL, save_dir=str(root / "interleaved")
     )
     return specs
 

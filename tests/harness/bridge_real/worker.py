@@ -58,6 +58,8 @@ class RankResult:
     #: wall seconds of this run's ``pretrain()`` on this rank (what each mode costs CI)
     wall_s: float = 0.0
     plugin_history: list[str] = field(default_factory=list)
+    #: plugin runs: what each of the plugin's hook calls cost (``harness.bridge_real.costs``)
+    plugin_costs: list[Any] = field(default_factory=list)
 
 
 def _to_mxfp8(model: list[Any], names: list[str]) -> list[Any]:
@@ -283,6 +285,7 @@ def _run_one(spec: JobSpec) -> RankResult:
     from megatron.bridge.training.pretrain import pretrain
 
     from harness.bridge_loop import recording_param_syncs
+    from harness.bridge_real.costs import CostMeter
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
 
     result = RankResult(
@@ -297,16 +300,22 @@ def _run_one(spec: JobSpec) -> RankResult:
         cfg.model.register_pre_wrap_hook(_quantize_on_the_fly)
     callbacks: list[Any] = [_Probe(result)]
     plugin = MXFP8ParamSyncCallback() if spec.mode == "plugin" else None
+    meter = CostMeter()
     if plugin is not None:
-        callbacks.append(plugin)
+        callbacks.append(meter.wrap(plugin))
     if spec.mode == "aligned":
         callbacks.append(_Aligner())
     callbacks.append(_Recorder(result, spec.record_events))
     sink: list[str] = result.events if spec.record_events else []
     began = time.monotonic()
-    with recording_param_syncs(sink), _recording_gathers_after_forced_syncs(result.gathers_after_forced_sync):
+    with (
+        meter.counting(),
+        recording_param_syncs(sink),
+        _recording_gathers_after_forced_syncs(result.gathers_after_forced_sync),
+    ):
         pretrain(cfg, forward_step, callbacks=callbacks)
     result.wall_s = time.monotonic() - began
     if plugin is not None:
         result.plugin_history = [e for e, _ in plugin.history]
+        result.plugin_costs = meter.costs
     return result
