@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._log import log_rank_zero
-from .buckets import is_megatron_ddp, is_megatron_fsdp
+from .buckets import is_megatron_ddp
 from .config.validate import ValidationReport, validate_config
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .plan import distributed_optimizers, reuse_mode_active
 from .sync import ParamSyncEngine, SyncStats
+from .verify import find_model_chunks
 
 if TYPE_CHECKING:  # pragma: no cover
     from .verify import WeightReport
@@ -34,52 +35,6 @@ __all__ = [
 
 #: Events an entry point remembers in ``history`` (for logs and tests); older ones are dropped.
 HISTORY_LENGTH = 1024
-
-_MAX_DEPTH = 6
-
-
-def find_model_chunks(roots: Iterable[Any]) -> tuple[list[Any], list[Any]]:
-    """Megatron-core DDP chunks reachable from ``roots``; returns ``(ddp_chunks, fsdp_chunks)``.
-
-    Walks lists and ``ModuleList``-like containers (NeMo's ``MegatronParallel`` is one), ``.module``
-    wrapper chains (``Float16Module`` -> DDP) and child modules, but never into a DDP chunk: the
-    model inside can be huge and holds nothing we need. Order is preserved, duplicates dropped.
-    Shared by the Lightning adapter (which finds the chunks behind a trainer) and the weight
-    verifier (which accepts whatever wrapper the caller holds).
-    """
-    found: list[Any] = []
-    fsdp: list[Any] = []
-    seen: set[int] = set()
-
-    def visit(obj: Any, depth: int) -> None:
-        if obj is None or id(obj) in seen or depth > _MAX_DEPTH:
-            return
-        seen.add(id(obj))
-        if is_megatron_fsdp(obj):
-            fsdp.append(obj)
-            return
-        if is_megatron_ddp(obj):
-            found.append(obj)
-            return
-        if isinstance(obj, (list, tuple)):
-            for item in obj:
-                visit(item, depth + 1)
-            return
-        inner = getattr(obj, "module", None) if not isinstance(obj, type) else None
-        if inner is not None:
-            visit(inner, depth + 1)
-        children = getattr(obj, "children", None)
-        if callable(children):
-            try:
-                kids = list(children())
-            except TypeError:
-                kids = []
-            for child in kids:
-                visit(child, depth + 1)
-
-    for root in roots:
-        visit(root, 0)
-    return found, fsdp
 
 
 def bridge_resumed(context: Any) -> bool:
@@ -214,8 +169,11 @@ class EngineHolder:
         self._record(event, engine.before_eval(gathered_fresh=gathered_fresh))
 
     def _remember(self, chunks: Sequence[Any] | None, optimizer: Any | None) -> None:
-        if chunks is not None:
-            self._verify_chunks = list(chunks)
+        # Only megatron-core DDP chunks count: Bridge's on_checkpoint_save passes the unwrapped
+        # modules, which the verifier cannot read shards from.
+        found = find_model_chunks([chunks])[0] if chunks is not None else []
+        if found:
+            self._verify_chunks = found
         if optimizer is not None:
             self._verify_optimizer = optimizer
 

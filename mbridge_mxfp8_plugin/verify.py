@@ -30,20 +30,20 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ._adapter import find_model_chunks
+from .buckets import is_megatron_ddp, is_megatron_fsdp
 from .errors import MXFP8PluginError, MXFP8UsageError
 from .mxfp8_cast import MXFP8_BLOCK as _BLOCK
 from .mxfp8_cast import mxfp8_quantize
 from .plan import distributed_optimizers
 from .sync import ParamSyncEngine, SyncStats
 
-__all__ = ["ParamMismatch", "WeightReport", "ensure_weights_current", "verify_weights"]
+__all__ = ["ParamMismatch", "WeightReport", "ensure_weights_current", "find_model_chunks", "verify_weights"]
 
 _FOLD_ROW = 1 << 12  # elements per row sum of the replica fold
 _HASH_MOD = 8191
@@ -129,6 +129,54 @@ class WeightReport:
 
 
 # ---------------------------------------------------------------------------- discovery
+_MAX_DEPTH = 6
+
+
+def find_model_chunks(roots: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+    """Megatron-core DDP chunks reachable from ``roots``; returns ``(ddp_chunks, fsdp_chunks)``.
+
+    Walks lists and ``ModuleList``-like containers (NeMo's ``MegatronParallel`` is one), ``.module``
+    wrapper chains (``Float16Module`` -> DDP) and child modules, but never into a DDP chunk: the
+    model inside can be huge and holds nothing we need. Order is preserved, duplicates dropped.
+    Shared by the weight verifier (which accepts whatever wrapper the caller holds) and, through
+    ``_adapter``, the Lightning adapter (which finds the chunks behind a trainer); here because
+    the verifier sits below the adapters.
+    """
+    found: list[Any] = []
+    fsdp: list[Any] = []
+    seen: set[int] = set()
+
+    def visit(obj: Any, depth: int) -> None:
+        if obj is None or id(obj) in seen or depth > _MAX_DEPTH:
+            return
+        seen.add(id(obj))
+        if is_megatron_fsdp(obj):
+            fsdp.append(obj)
+            return
+        if is_megatron_ddp(obj):
+            found.append(obj)
+            return
+        if isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item, depth + 1)
+            return
+        inner = getattr(obj, "module", None) if not isinstance(obj, type) else None
+        if inner is not None:
+            visit(inner, depth + 1)
+        children = getattr(obj, "children", None)
+        if callable(children):
+            try:
+                kids = list(children())
+            except TypeError:
+                kids = []
+            for child in kids:
+                visit(child, depth + 1)
+
+    for root in roots:
+        visit(root, 0)
+    return found, fsdp
+
+
 def _chunks(model_chunks: Sequence[Any] | Any) -> list[Any]:
     """The megatron-core DDP chunks behind whatever the caller holds (a list, NeMo's wrappers)."""
     found, _ = find_model_chunks([model_chunks])
