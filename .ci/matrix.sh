@@ -128,7 +128,7 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
     echo "=================================================================================="
     # shellcheck disable=SC2086
     if PYTHONPATH=.matrix/$cell MXFP8_MATRIX_CELL=$cell MXFP8_BRIDGE_LOOP=$loop NO_VCS_VERSION=1 \
-        "$py" -m pytest -q -p no:cacheprovider tests/test_matrix.py tests/test_doctor.py tests/test_exit_saves.py tests/test_hazards.py \
+        "$py" -m pytest -q -p no:cacheprovider tests/test_matrix.py tests/test_doctor.py tests/test_exit_saves.py tests/test_hazards.py tests/test_verify.py \
         "tests/test_validate.py::test_bucket_alignment_on_real_dense_and_expert_buffers" ${MATRIX_PYTEST_ARGS:-}; then
         RESULT[$cell]="passed"
     else
