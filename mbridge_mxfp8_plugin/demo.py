@@ -133,6 +133,26 @@ def _fmt(value: float, ref: float) -> str:
     return f"{value:9.5f} ({delta:+.1e} {mark})"
 
 
+def _loss_table(
+    out: TextIO,
+    first: str,
+    title: str,
+    rows: list[tuple[int, int]],
+    runs: tuple[Any, Any, Any],
+    record: str,
+) -> None:
+    """One table of losses: reference, plugin off and on, each run's error next to it.
+
+    ``rows`` pairs the label printed (an iteration) with the index into each run's ``record``.
+    """
+    ref, off, on = (getattr(run, record) for run in runs)
+    header = f"{first:>5}  {title:>20}  {'plugin OFF':>26}  {'plugin ON':>26}"
+    print("\n" + header + "\n" + "-" * len(header), file=out)
+    for label, i in rows:
+        r = ref[i]
+        print(f"{label:>5}  {r:20.5f}  {_fmt(off[i], r):>26}  {_fmt(on[i], r):>26}", file=out)
+
+
 def _worst(got: list[float], ref: list[float]) -> float:
     # NaN counts as the worst: core >= 0.18 without the plugin can evaluate gradients as weights.
     return max(
@@ -170,22 +190,9 @@ def report(runs: dict[str, DemoRun], out: TextIO = sys.stdout) -> int:
         f"ON {sum(on.skipped_gathers[i] for i in after_eval)}",
         file=out,
     )
-    header = f"{'eval@':>5}  {'eval loss: reference':>20}  {'plugin OFF':>26}  {'plugin ON':>26}"
-    print("\n" + header + "\n" + "-" * len(header), file=out)
-    for it in evals:
-        r = ref.eval_losses[it]
-        print(
-            f"{it:>5}  {r:20.5f}  {_fmt(off.eval_losses[it], r):>26}  {_fmt(on.eval_losses[it], r):>26}",
-            file=out,
-        )
-    header = f"{'step':>5}  {'train loss after eval':>20}  {'plugin OFF':>26}  {'plugin ON':>26}"
-    print("\n" + header + "\n" + "-" * len(header), file=out)
-    for i in after_eval:
-        r = ref.train_losses[i]
-        print(
-            f"{i + 1:>5}  {r:20.5f}  {_fmt(off.train_losses[i], r):>26}  {_fmt(on.train_losses[i], r):>26}",
-            file=out,
-        )
+    trio = (ref, off, on)
+    _loss_table(out, "eval@", "eval loss: reference", [(it, it) for it in evals], trio, "eval_losses")
+    _loss_table(out, "step", "train loss after eval", [(i + 1, i) for i in after_eval], trio, "train_losses")
     ok = (
         sorted(on.eval_losses) == evals
         and eval_gap(on) <= TOLERANCE
