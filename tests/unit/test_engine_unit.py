@@ -374,3 +374,26 @@ def test_refresh_on_demand_acts_even_when_passive(release, monkeypatch):
     assert job.weights() == [1.0]
     stats = engine.refresh_weights(gathered_fresh=False)
     assert stats.all_gathers == len(job.groups) and job.weights() == [5.0]
+
+
+def test_bridge_checkpoint_save_with_unwrapped_modules_keeps_the_engine(release):
+    """Bridge >= 0.5 fires on_checkpoint_save with ``unwrap_model(model)``. Taking those for new
+    chunks dropped the engine (and that it was passive) and rebuilt a forgetful one at the next
+    hook: the re-gathers of issue 20 on core 0.19 + Bridge 0.6."""
+    from types import SimpleNamespace
+
+    from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
+
+    job = make_job(release)
+    job.chunk.module = torch.nn.Linear(1, 1)  # what DDP wraps
+    cb = MXFP8ParamSyncCallback(validate=False)
+    cb.on_train_start(SimpleNamespace(model=[job.chunk], optimizer=job.opt, state=None))
+    engine = cb.engine
+    assert engine is not None
+    cb.on_checkpoint_save(SimpleNamespace(model=[job.chunk.module], optimizer=job.opt, state=None))
+    assert cb.engine is engine and cb.inactive_reason is None
+    cb.on_train_step_start(SimpleNamespace(model=[job.chunk], optimizer=job.opt, state=None))
+    assert cb.engine is engine
+    # modules that are not this job's chunks unwrapped are a different job
+    cb.on_checkpoint_save(SimpleNamespace(model=[torch.nn.Linear(1, 1)], optimizer=None, state=None))
+    assert cb.engine is None and cb.inactive_reason
