@@ -349,19 +349,18 @@ def _host_time_per_param() -> dict[str, Any]:
         for g in engine.bucket_groups():
             g.param_gather_dispatched = False
 
-    from mbridge_mxfp8_plugin import SyncStats
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import EmulatedMXFP8Tensor
 
     with _plain_quantizer():
         t_refresh = _timeit(
             lambda: (engine.before_eval(gathered_fresh=False), engine.after_forced_sync()), reset
         )
-        t_written = _timeit(lambda: engine._write_back(SyncStats(), zero=False))
+        t_written = _timeit(lambda: engine._writes().run(zero=False))
     # The engine's own host cost: the write-back loop with the quantizer doing nothing at all.
     orig = EmulatedMXFP8Tensor.quantize_
     EmulatedMXFP8Tensor.quantize_ = lambda self, values: None  # type: ignore[method-assign,assignment]
     try:
-        t_engine = _timeit(lambda: engine._write_back(SyncStats(), zero=False))
+        t_engine = _timeit(lambda: engine._writes().run(zero=False))
     finally:
         EmulatedMXFP8Tensor.quantize_ = orig  # type: ignore[method-assign]
     t_stage = _timeit(engine.stage_main_params)

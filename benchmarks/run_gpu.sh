@@ -41,7 +41,7 @@ for stage in $STAGES; do
             PYTHONPATH=/tmp/$bridge:/tmp/$core:/tmp/realcommon:. MXFP8_REAL_BRIDGE=require python3 -m pytest -v \
               -p no:cacheprovider tests/test_bridge_real.py -k "${REAL_K:-not pipeline}" 2>&1
           done | tee "$OUT/gpu_bridge_real${REAL_LOG:-}.log" ;;
-    bench) python3 benchmarks/eval_sync.py run --sizes "${SIZES:-1B,4B}" --out "$OUT" \
+    bench) python3 benchmarks/eval_sync.py run --sizes "${SIZES:-1B,4B}" --nproc "${NPROC:-2}" --out "$OUT" \
                 --core 0.16.1=/tmp/core0161:/tmp/bridge031 --core 0.19.2=/tmp/core0192:/tmp/bridge062 \
                 2>&1 | grep -v -i warn | tee "$OUT/eval_sync.log" ;;
   esac

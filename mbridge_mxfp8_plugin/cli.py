@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NoReturn, TextIO, cast
 
 from ._argtypes import positive_int
