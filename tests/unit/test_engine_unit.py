@@ -300,9 +300,12 @@ def _loop_forced_sync(job, *, disable: bool) -> None:
 def _passive_engine(release, monkeypatch, job):
     monkeypatch.setattr(sync, "probe_live_loop", lambda: True)
     engine = _engine(job)
-    if not engine.loop_stages_itself():
-        pytest.skip("core < 0.19 cannot leave the work to the loop")
-    return engine
+    passive = engine.loop_stages_itself()
+    # Only a core that writes forced gathers back, resets the dispatch state and stages on request
+    # (0.19) may leave the work to a loop that stages; below that the engine must act itself, and
+    # the passive contract checked by the callers does not apply.
+    assert passive == (release.name == "0.19.2")
+    return engine if passive else None
 
 
 @pytest.mark.parametrize("flags_after_sync", ["synced", "reset"])
@@ -314,6 +317,8 @@ def test_passive_engine_does_nothing_in_any_schedule(release, monkeypatch, flags
     not take that for a stale gather: trusting flags is what re-gathered on the real loop)."""
     job = make_job(release)
     engine = _passive_engine(release, monkeypatch, job)
+    if engine is None:
+        return
 
     def eval_(value: float, event=engine.before_eval) -> None:
         _quiet(job, engine.before_forced_sync)
@@ -358,6 +363,8 @@ def test_passive_engine_eval_without_optimizer_only_marks_groups(release, monkey
 def test_rebinding_an_optimizer_decides_passivity_again(release, monkeypatch):
     job = make_job(release)
     engine = _passive_engine(release, monkeypatch, job)
+    if engine is None:
+        return
     other = make_job(release)
     other.opt.config.overlap_param_gather = False  # core 0.19 stages only with overlap on
     other.opt.model_chunks = [job.chunk]
@@ -370,6 +377,8 @@ def test_refresh_on_demand_acts_even_when_passive(release, monkeypatch):
     explicit refresh still works where every event is passive."""
     job = make_job(release)
     engine = _passive_engine(release, monkeypatch, job)
+    if engine is None:
+        return
     _train_step(job, engine, value=5.0)
     assert job.weights() == [1.0]
     stats = engine.refresh_weights(gathered_fresh=False)
