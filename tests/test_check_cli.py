@@ -233,6 +233,12 @@ def test_a_section_whose_keys_cannot_be_known_is_listed_not_passed(tmp_path):
     code, out, _ = _run(path)
     assert code == 0, out
     assert "not checked: dataset.* keys not checked" in out
+    # MX101 does not vouch for the section it could not read: n/a, naming it, in text and JSON.
+    (row,) = [ln for ln in out.splitlines() if ln.startswith("MX101")]
+    assert " n/a " in row and "dataset.*" in row, row
+    _, js, _ = _run(path, as_json=True)
+    (mx101,) = [r for r in json.loads(js)["rules"] if r["id"] == "MX101"]
+    assert mx101["status"] == "n/a" and "dataset.*" in mx101["note"]
 
 
 def test_typo_in_the_plugin_section_is_the_plugins_own_refusal():

@@ -136,6 +136,8 @@ class ConfigView:
     targets: dict[str, str] = field(default_factory=dict)
     #: checks that could not run, and why (shown under the report)
     skipped: list[str] = field(default_factory=list)
+    #: sections of the file whose keys could not be checked (MX101 must not vouch for them)
+    unchecked_sections: list[str] = field(default_factory=list)
 
     @property
     def invalid_paths(self) -> set[str]:
@@ -280,6 +282,7 @@ def _read_bridge_section(view: ConfigView, name: str, data: Any, knobs: Mapping[
         schema = {**dict.fromkeys(found.fields, Any), **(knobs or {})}
     elif isinstance(data, Mapping) and data:
         view.skipped.append(f"{name}.* keys not checked: {found.why}")
+        view.unchecked_sections.append(name)
     _read_mapping_section(view, name, data, schema, knobs, found.owner)
 
 
@@ -394,6 +397,7 @@ def _read_recipe(data: Mapping[str, Any], plugin: Any) -> ConfigView:
     view = ConfigView(kind="recipe")
     if core_fields("ddp") is None:
         view.skipped.append("ddp/optimizer keys not checked: megatron-core is not installed here")
+        view.unchecked_sections += [s for s in ("ddp", "optimizer") if s in data]
     if bridge_facts() is None:
         _recipe_names(view)
     sections = frozenset(container_sections() or CONFIG_SECTIONS) | {PLUGIN_SECTION}
