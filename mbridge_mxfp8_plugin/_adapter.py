@@ -211,7 +211,9 @@ class EngineHolder:
             return None
         from .verify import verify_weights
 
-        report = verify_weights(chunks, opt, event=f"{event} ({self.framework})")
+        report = verify_weights(
+            chunks, opt, event=f"{event} ({self.framework})", sample=self.options.verify_sample
+        )
         self.last_report = report
         if report.ok:
             log_rank_zero(logging.DEBUG, "%s", report.message())

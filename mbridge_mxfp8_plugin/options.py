@@ -16,10 +16,13 @@ from typing import Any
 
 from .errors import MXFP8ConfigError, MXFP8UsageError
 
-__all__ = ["PLUGIN_SECTION", "PluginOptions", "option_types"]
+__all__ = ["DEFAULT_VERIFY_SAMPLE", "PLUGIN_SECTION", "PluginOptions", "option_types"]
 
 #: The plugin's own section in a recipe YAML; split off before Bridge sees the rest.
 PLUGIN_SECTION = "mxfp8_plugin"
+
+#: Fraction of MXFP8 blocks the weight check compares by default (every 16th, rotating).
+DEFAULT_VERIFY_SAMPLE = 0.0625
 
 
 @dataclass(frozen=True)
@@ -71,10 +74,24 @@ class PluginOptions:
     compared through one small all-reduce (:func:`~mbridge_mxfp8_plugin.verify_weights`). A
     mismatch raises with ``strict``, else is logged at ERROR. Only reads, so it also guards the
     releases where the plugin has nothing to fix, and still runs with ``enabled=False``. Costs a
-    dequantization of the owned params per event; off by default."""
+    sampled read of the owned params per event (``verify_sample``); off by default."""
+
+    verify_sample: float = DEFAULT_VERIFY_SAMPLE
+    """Fraction of the 32-element blocks of each owned param slice that ``verify_weights``
+    compares per check (every ``round(1/verify_sample)``-th block, at least one per param, the
+    phase rotating each call so the whole model is covered within that many checks); also the
+    fraction of rows folded for the replica check. The defects it guards against change nearly
+    every block, so 1/16 finds them at about 1/16 of the full check's reads; ``1.0`` compares
+    every block. Must be in (0, 1]."""
 
     dp_size: int | None = None
     """Data-parallel size the job will run with; read only by check's padding rule (MX008)."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.verify_sample, (int, float)) and 0.0 < self.verify_sample <= 1.0):
+            raise MXFP8ConfigError(
+                f"{PLUGIN_SECTION}.verify_sample must be in (0, 1], got {self.verify_sample!r}"
+            )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> PluginOptions:
@@ -114,5 +131,5 @@ class PluginOptions:
 
 def option_types() -> dict[str, Any]:
     """Option name -> type, for the ``mxfp8_plugin:`` section's schema."""
-    hints = {"bool": bool, "int | None": int | None}
+    hints = {"bool": bool, "int | None": int | None, "float": float}
     return {f.name: hints[str(f.type)] for f in dataclasses.fields(PluginOptions)}

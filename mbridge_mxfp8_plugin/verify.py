@@ -28,6 +28,7 @@ host sync; nothing persists. :func:`ensure_weights_current` makes the weights cu
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -40,6 +41,7 @@ from .buckets import is_megatron_ddp, is_megatron_fsdp
 from .errors import MXFP8PluginError, MXFP8UsageError
 from .mxfp8_cast import MXFP8_BLOCK as _BLOCK
 from .mxfp8_cast import mxfp8_quantize
+from .options import DEFAULT_VERIFY_SAMPLE
 from .plan import distributed_optimizers
 from .sync import ParamSyncEngine, SyncStats
 
@@ -87,6 +89,8 @@ class WeightReport:
     groups_reduced: int = 0
     #: how the reference was quantized: "quantizer" / "own type" / "te-rule cast" -> params
     reference_paths: dict[str, int] = field(default_factory=dict)
+    #: fraction of blocks compared (1.0: every block); see :func:`verify_weights`'s ``sample``
+    sample: float = 1.0
     note: str = ""
     seconds: float = 0.0
 
@@ -99,7 +103,8 @@ class WeightReport:
         head = f"MXFP8 weight check at {self.event}:"
         if self.ok:
             return (
-                f"{head} OK ({self.params_checked} owned params, {self.elements_checked} elements equal "
+                f"{head} OK ({self.params_checked} owned params, {self.elements_checked} elements"
+                f"{'' if self.sample >= 1.0 else f' (sample {self.sample:.3g})'} equal "
                 f"their quantized fp32 main params; {self.params_hashed} params agree across "
                 f"{self.groups_reduced} data-parallel group(s))"
             )
@@ -249,7 +254,7 @@ def _values(param: Any) -> torch.Tensor:
         return param.detach().view(param.dtype).reshape(-1)
 
 
-def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport) -> torch.Tensor:
+def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport, params: int = 1) -> torch.Tensor:
     """``values`` (2-D rows of the param) quantized and dequantized as ``param`` would be, in the
     param's dtype (exact: every MXFP8 value of a scale >= 2**-124 is a bf16 value)."""
     quantizer = getattr(param, "_quantizer", None)
@@ -265,7 +270,7 @@ def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport) -> to
                 values if rows % _BLOCK == 0 else torch.nn.functional.pad(values, (0, 0, 0, (-rows) % _BLOCK))
             )
             out = q.quantize(padded).dequantize(dtype=param.dtype)[:rows]
-            report.reference_paths["quantizer"] = report.reference_paths.get("quantizer", 0) + 1
+            report.reference_paths["quantizer"] = report.reference_paths.get("quantizer", 0) + params
             return out
         except Exception:  # noqa: BLE001 - fall back to the next path; recorded in reference_paths
             pass
@@ -275,24 +280,24 @@ def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport) -> to
             fresh = torch.empty(values.shape, dtype=param.dtype, device=values.device).as_subclass(cls)
             fresh.quantize_(values)
             out = fresh.dequantize().to(param.dtype)
-            report.reference_paths["own type"] = report.reference_paths.get("own type", 0) + 1
+            report.reference_paths["own type"] = report.reference_paths.get("own type", 0) + params
             return out
         except Exception:  # noqa: BLE001 - wrapper subclasses (TE) cannot be made this way
             pass
-    report.reference_paths["te-rule cast"] = report.reference_paths.get("te-rule cast", 0) + 1
+    report.reference_paths["te-rule cast"] = report.reference_paths.get("te-rule cast", 0) + params
     return mxfp8_quantize(values).to(param.dtype)
 
 
 @dataclass
 class _Diff:
-    """Differences found in one param's owned slice, over the segments compared."""
+    """Differences found in one param's owned slice, over the blocks compared."""
 
     elements: int = 0
     worst: float = 0.0
 
     def add(self, got: torch.Tensor, want: torch.Tensor, atol: float) -> None:
         if got.numel() == 0 or torch.equal(got, want):
-            return  # the common case: one fused comparison, no temporaries kept
+            return
         diff = (got.float() - want.float()).abs()
         bad = ~(diff <= atol)  # NaN counts as a difference
         count = int(bad.sum())
@@ -301,82 +306,177 @@ class _Diff:
             self.worst = max(self.worst, float(diff.nan_to_num(nan=float("inf")).max()))
 
 
-def _check_owned(
-    name: str, param: Any, values: torch.Tensor, own: _Owned, atol: float, report: WeightReport
-) -> ParamMismatch | None:
-    """Compare one param's owned slice with its main shard pushed through the param-sync path.
+def _stride(sample: float) -> int:
+    if not 0.0 < sample <= 1.0:
+        raise MXFP8UsageError(f"verify sample must be in (0, 1], got {sample!r}")
+    return max(1, round(1.0 / sample))
 
-    Rows of the param that lie wholly in the shard are compared in place (views of the main
-    shard and of the param, no copy but the rounding); the partial rows at either end go
-    through a one-row window, where only whole 32-element blocks inside the shard count.
+
+def _first(offset: int, stride: int, blocks: int) -> int:
+    """The first sampled block of ``blocks``: rotates with ``offset`` over ``min(stride, blocks)``
+    phases, so every block is visited within ``stride`` calls and every param yields one."""
+    return offset % max(1, min(stride, blocks))
+
+
+@dataclass
+class _Batch:
+    """Sampled blocks of params that share one reference path, compared in one go.
+
+    Per-param work is a few strided views; the copies, the quantization and the comparison run
+    once per batch of at most ``_CHUNK`` elements, so the host cost does not grow with the
+    number of ops per param and the temporaries stay bounded whatever the param sizes.
     """
-    from megatron.core import fp8_utils
 
-    main = own.main
-    if main is None:
-        report.unchecked.append(f"{name}: main params live inside the optimizer (precision-aware)")
-        return None
-    if fp8_utils.is_float8tensor(param) and not fp8_utils.is_mxfp8tensor(param):
-        report.unchecked.append(f"{name}: per-tensor FP8 scale spans every rank's shard")
-        return None
-    s, e = own.start, own.end
-    # In reuse mode the main shard travels as bf16 (staged into the bf16 view of the grad
-    # buffer); with a uint8 FP8 buffer it is cast from fp32 directly.
-    rounded = main.detach().reshape(-1)
-    if own.buffer_dtype is not None and own.buffer_dtype.is_floating_point and own.buffer_dtype.itemsize >= 2:
-        rounded = rounded.to(own.buffer_dtype)
-    found = _Diff()
-    report.params_checked += 1
-    if not fp8_utils.is_mxfp8tensor(param):
-        report.elements_checked += e - s
-        found.add(values[s:e], rounded.to(param.dtype), atol)
-    else:
-        last = param.shape[-1] if param.dim() > 0 else 1
-        a, b = -(-s // last), e // last  # the rows wholly inside [s, e)
-        compared = 0
-        if a < b:
-            want = _quantize_like(param, rounded[a * last - s : b * last - s].view(b - a, last), report)
-            found.add(values[a * last : b * last], want.reshape(-1), atol)
-            compared += (b - a) * last
-            edges = [(s // last, a)] if s % last else []
-            edges += [(b, -(-e // last))] if e % last else []
+    param: Any  # representative: its quantization is the batch's
+    mxfp8: bool
+    round_to: torch.dtype | None
+    got: list[torch.Tensor] = field(default_factory=list)
+    main: list[torch.Tensor] = field(default_factory=list)
+    owners: list[tuple[int, int]] = field(default_factory=list)  # (slot, blocks)
+    params: set[int] = field(default_factory=set)
+    blocks: int = 0
+
+
+_CHUNK = 1 << 24  # elements compared per batch: bounds the check's temporaries (~0.5 GB)
+
+
+class _ShardCheck:
+    """The shard check of one :func:`verify_weights` call: sampled blocks of every owned slice."""
+
+    def __init__(self, report: WeightReport, atol: float, stride: int, offset: int) -> None:
+        self.report, self.atol, self.stride, self.offset = report, atol, stride, offset
+        self.batches: dict[tuple[Any, ...], _Batch] = {}
+        self.slots: list[tuple[str, _Diff]] = []
+
+    def add(self, name: str, param: Any, values: torch.Tensor, own: _Owned) -> None:
+        from megatron.core import fp8_utils
+
+        report = self.report
+        if own.main is None:
+            report.unchecked.append(f"{name}: main params live inside the optimizer (precision-aware)")
+            return
+        if fp8_utils.is_float8tensor(param) and not fp8_utils.is_mxfp8tensor(param):
+            report.unchecked.append(f"{name}: per-tensor FP8 scale spans every rank's shard")
+            return
+        main = own.main.detach().reshape(-1)
+        s, e = own.start, own.end
+        mxfp8 = bool(fp8_utils.is_mxfp8tensor(param))
+        buf = own.buffer_dtype
+        # In reuse mode the main shard travels as bf16 (staged into the bf16 view of the grad
+        # buffer); with a uint8 FP8 buffer it is cast from fp32 directly.
+        round_to = buf if buf is not None and buf.is_floating_point and buf.itemsize >= 2 else None
+        quantizer = getattr(param, "_quantizer", None)
+        key = (mxfp8, type(param), param.dtype, round_to, type(quantizer), getattr(quantizer, "dtype", None))
+        slot = len(self.slots)
+        self.slots.append((name, _Diff()))
+        report.params_checked += 1
+        if mxfp8:
+            got, want, checked, whole = self._mxfp8_blocks(param, values, main, s, e)
+            report.elements_skipped += (e - s) - whole
         else:
-            edges = [(s // last, -(-e // last))]
-        for r0, r1 in edges:
-            compared += _check_window(param, values, rounded, s, e, r0, r1, last, atol, found, report)
-        report.elements_checked += compared
-        report.elements_skipped += (e - s) - compared
-    if not found.elements:
-        return None
-    return ParamMismatch(name, found.worst, found.elements)
+            got, want, checked = self._plain_blocks(values, main, s, e)
+        report.elements_checked += checked
+        batch = self.batches.get(key)
+        if batch is None:
+            batch = self.batches[key] = _Batch(param, mxfp8, round_to)
+        for lo in range(0, got.shape[0], _CHUNK // _BLOCK):
+            g, w = got[lo : lo + _CHUNK // _BLOCK], want[lo : lo + _CHUNK // _BLOCK]
+            batch.got.append(g)
+            batch.main.append(w)
+            batch.owners.append((slot, g.shape[0]))
+            batch.params.add(slot)
+            batch.blocks += g.shape[0]
+            if batch.blocks * _BLOCK >= _CHUNK:
+                self._flush(key)
+                batch = self.batches[key] = _Batch(param, mxfp8, round_to)
 
+    def _plain_blocks(
+        self, values: torch.Tensor, main: torch.Tensor, s: int, e: int
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Blocks of 32 counted from the shard start (no scale: any grouping compares the same)."""
+        n = (e - s) // _BLOCK
+        first = _first(self.offset, self.stride, n)
+        got = values[s : s + n * _BLOCK].view(n, _BLOCK)[first :: self.stride]
+        want = main[: n * _BLOCK].view(n, _BLOCK)[first :: self.stride]
+        checked = got.shape[0] * _BLOCK
+        tail = (e - s) - n * _BLOCK
+        if tail and (self.stride == 1 or n == 0):
+            pad = (0, _BLOCK - tail)
+            got = torch.cat([got, torch.nn.functional.pad(values[s + n * _BLOCK : e], pad).view(1, _BLOCK)])
+            want = torch.cat([want, torch.nn.functional.pad(main[n * _BLOCK : e - s], pad).view(1, _BLOCK)])
+            checked += tail
+        return got, want, checked
 
-def _check_window(
-    param: Any,
-    values: torch.Tensor,
-    rounded: torch.Tensor,
-    s: int,
-    e: int,
-    r0: int,
-    r1: int,
-    last: int,
-    atol: float,
-    found: _Diff,
-    report: WeightReport,
-) -> int:
-    """Rows ``r0:r1`` that the shard ``[s, e)`` covers in part; returns the elements compared."""
-    lo, hi = max(s, r0 * last), min(e, r1 * last)
-    window = torch.zeros((r1 - r0) * last, dtype=rounded.dtype, device=rounded.device)
-    window[lo - r0 * last : hi - r0 * last] = rounded[lo - s : hi - s]
-    want = _quantize_like(param, window.view(r1 - r0, last), report).reshape(-1)
-    owned = torch.zeros_like(window, dtype=torch.bool)
-    owned[lo - r0 * last : hi - r0 * last] = True
-    # A block counts only if every one of its elements is in this shard; padding is "owned".
-    rows = torch.nn.functional.pad(owned.view(r1 - r0, last), (0, (-last) % _BLOCK), value=True)
-    whole = rows.view(r1 - r0, -1, _BLOCK).all(dim=-1).repeat_interleave(_BLOCK, dim=-1)[:, :last]
-    mask = whole.reshape(-1) & owned
-    found.add(values[r0 * last : r1 * last][mask], want.to(values.device)[mask], atol)
-    return int(mask.sum())
+    def _mxfp8_blocks(
+        self, param: Any, values: torch.Tensor, main: torch.Tensor, s: int, e: int
+    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """The sampled MXFP8 blocks (32 elements of a row; a row's last may be shorter) that lie
+        wholly inside the shard ``[s, e)``, as ``(k, 32)`` rows, zero-padded (zeros leave a
+        block's scale unchanged). Blocks straddling a shard boundary have a scale this rank cannot
+        compute, so they are skipped. Returns got, main, elements compared, elements in whole
+        blocks."""
+        last = param.shape[-1] if param.dim() > 0 else 1
+        per_row = -(-last // _BLOCK)
+        # Whole blocks inside [s, e) form one range of global block ids (row * per_row + j).
+        r, c = divmod(s, last)
+        j = -(-c // _BLOCK)
+        g0 = r * per_row + j if j < per_row else (r + 1) * per_row
+        r, c = divmod(e, last)
+        g1 = max(g0, r * per_row + c // _BLOCK)
+        n = g1 - g0
+        first = _first(self.offset, self.stride, n)
+        if last % _BLOCK == 0:  # blocks are the flat 32-element runs: views, no index
+            got = values[g0 * _BLOCK : g1 * _BLOCK].view(n, _BLOCK)[first :: self.stride]
+            want = main[g0 * _BLOCK - s : g1 * _BLOCK - s].view(n, _BLOCK)[first :: self.stride]
+            return got, want, got.shape[0] * _BLOCK, n * _BLOCK
+        ids = torch.arange(g0 + first, g1, self.stride, device=values.device)
+        rows, cols = ids // per_row, ids % per_row
+        starts = rows * last + cols * _BLOCK
+        lanes = torch.arange(_BLOCK, device=values.device)
+        inside = lanes < (last - cols * _BLOCK).clamp(max=_BLOCK).unsqueeze(1)
+        index = torch.where(inside, starts.unsqueeze(1) + lanes, s)
+        zero = torch.zeros((), dtype=values.dtype, device=values.device)
+        got = torch.where(inside, values[index], zero)
+        want = torch.where(inside, main.to(values.device)[index - s], torch.zeros((), dtype=main.dtype))
+        # Elements in whole blocks: each row's last block holds only ``last % 32``.
+        short_blocks = g1 // per_row - g0 // per_row
+        whole = n * _BLOCK - short_blocks * (_BLOCK - last % _BLOCK)
+        return got, want, int(inside.sum()), whole
+
+    def _flush(self, key: tuple[Any, ...]) -> None:
+        batch = self.batches.pop(key, None)
+        if batch is None or not batch.got:
+            return
+        report = self.report
+        try:
+            got = torch.cat(batch.got) if len(batch.got) > 1 else batch.got[0]
+            main = torch.cat(batch.main) if len(batch.main) > 1 else batch.main[0]
+            if batch.round_to is not None:
+                main = main.to(batch.round_to)
+            param = batch.param
+            if batch.mxfp8:
+                want = _quantize_like(param, main, report, len(batch.params))
+            else:
+                want = main.to(param.dtype)
+            want = want.to(got.device)
+            if torch.equal(got, want):
+                return  # the common case: one fused comparison per batch
+            row = 0
+            for slot, blocks in batch.owners:
+                self.slots[slot][1].add(got[row : row + blocks], want[row : row + blocks], self.atol)
+                row += blocks
+        except Exception as exc:  # noqa: BLE001 - the rank must still join the all-reduce
+            for slot in sorted(batch.params):
+                report.unchecked.append(f"{self.slots[slot][0]}: {type(exc).__name__}: {exc}")
+
+    def finish(self, max_names: int) -> None:
+        for key in list(self.batches):
+            self._flush(key)
+        for name, found in self.slots:
+            if found.elements:
+                self.report.shard_mismatch_count += 1
+                if len(self.report.shard_mismatches) < max_names:
+                    self.report.shard_mismatches.append(ParamMismatch(name, found.worst, found.elements))
 
 
 def _bits(values: torch.Tensor) -> torch.Tensor:
@@ -391,28 +491,41 @@ def _bits(values: torch.Tensor) -> torch.Tensor:
     return bits
 
 
-def _fold(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """A 64-bit fold of the bits of ``tensors``, equal on every replica iff (almost surely) the
-    bits are. One read pass: the bits are summed in rows of ``_FOLD_ROW`` in their own integer
-    type (exact modulo its width, so any single differing element changes its row's sum), and
-    only the row sums, 1/4096 of the data, are widened and weighted by position."""
-    total: torch.Tensor | None = None
+def _row_sums(tensors: Sequence[torch.Tensor], stride: int, offset: int) -> list[torch.Tensor]:
+    """Sums of the bits of the sampled ``_FOLD_ROW``-element rows of ``tensors`` (int64, exact:
+    any single differing element changes its row's sum). The same rows on every replica, as
+    long as every rank passes the same offset (every rank makes the same calls)."""
+    out = []
     for t in tensors:
         bits = _bits(t)
         n = bits.numel()
-        body = n - n % _FOLD_ROW
-        parts = [bits[:body].view(-1, _FOLD_ROW).sum(dim=1, dtype=bits.dtype)] if body else []
-        if body < n:
-            parts.append(bits[body:].sum(dtype=bits.dtype).reshape(1))
-        if not parts:
-            continue
-        rows = torch.cat(parts).to(torch.int64)
-        weights = torch.arange(1, rows.numel() + 1, dtype=torch.int64, device=rows.device) % _HASH_MOD + 1
-        folded = rows.sum() * 1000003 + (rows * weights).sum()
-        total = folded if total is None else total * 1000033 + folded
-    if total is None:
-        return torch.zeros((), dtype=torch.int64)
-    return total
+        rows = n // _FOLD_ROW
+        if rows:
+            first = _first(offset, stride, rows)
+            view = bits[: rows * _FOLD_ROW].view(rows, _FOLD_ROW)[first::stride]
+            out.append(view.sum(dim=1, dtype=torch.int64))
+        if n > rows * _FOLD_ROW and (stride == 1 or rows == 0):
+            out.append(bits[rows * _FOLD_ROW :].sum(dtype=torch.int64).reshape(1))
+    return out
+
+
+def _folds(per_param: list[list[torch.Tensor]], device: Any) -> torch.Tensor:
+    """One 64-bit fold per param of its row sums, weighted by position, in a handful of kernels
+    for all params together. A single differing row changes its param's fold: the row-sum delta
+    (< 2**37) times a weight (< 2**21) cannot wrap to 0 modulo 2**64."""
+    counts = [sum(int(r.numel()) for r in rows) for rows in per_param]
+    flat = [r.to(device) for rows in per_param for r in rows]
+    out = torch.zeros(len(per_param), dtype=torch.int64, device=device)
+    if not flat:
+        return out
+    sums = torch.cat(flat)
+    ids = torch.repeat_interleave(
+        torch.arange(len(counts), device=device), torch.tensor(counts, device=device)
+    )
+    starts = torch.tensor([0, *counts[:-1]], dtype=torch.int64, device=device).cumsum(0)
+    pos = torch.arange(sums.numel(), dtype=torch.int64, device=device) - starts[ids]
+    weights = pos % _HASH_MOD + 1000004
+    return out.index_add_(0, ids, sums * weights)
 
 
 def _replica_bits(param: Any, values: torch.Tensor) -> list[torch.Tensor]:
@@ -433,6 +546,8 @@ def verify_weights(
     event: str,
     atol: float = 0.0,
     max_names: int = 5,
+    sample: float = DEFAULT_VERIFY_SAMPLE,
+    offset: int | None = None,
 ) -> WeightReport:
     """Check that the params equal their quantized fp32 main params, and that replicas agree.
 
@@ -443,9 +558,21 @@ def verify_weights(
     with that forward; :func:`ensure_weights_current` brings it forward). Reads only: it works
     whether or not the plugin is active. ``atol`` 0 means exact: both sides take the same
     rounding path. ``event`` names the moment in the report and the error.
+
+    ``sample`` is the fraction of 32-element blocks compared (and of 4096-element rows folded
+    for the replica check): every ``round(1/sample)``-th block of each owned slice, at least
+    one per param. The defects this guards against (a shifted slice, stale weights, gradients
+    read as weights, drifted replicas) change nearly every block, so a sample finds them at a
+    fraction of the cost; a corruption of a few blocks is found within ``round(1/sample)``
+    calls, because the sampled phase rotates with ``offset`` (default: this process's call
+    count, the same on every rank as long as every rank makes the same calls). ``sample=1.0``
+    compares every block.
     """
     t0 = time.perf_counter()
-    report = WeightReport(event=event)
+    stride = _stride(sample)
+    if offset is None:
+        offset = next(_CALLS)
+    report = WeightReport(event=event, sample=1.0 / stride)
     chunks = _chunks(model_chunks)
     owned, report.note = _owned_shards(optimizer)
     names = {
@@ -457,28 +584,48 @@ def verify_weights(
         report.note = (report.note + "; " if report.note else "") + (
             "a param all-gather is in flight: this describes the weights before it lands"
         )
-    hashes: dict[int, tuple[Any, list[torch.Tensor], list[str]]] = {}
+    check = _ShardCheck(report, atol, stride, offset)
+    sizes: dict[int, int] = {}
+    hashes: dict[int, tuple[Any, list[list[torch.Tensor]], list[str]]] = {}
+    device: Any = None
     for _, _, group, param in _buffer_params(chunks):
         name = names.get(param, f"<param {tuple(param.shape)}>")
+        if id(group) not in sizes:
+            sizes[id(group)] = _group_size(group)
+        replicated = sizes[id(group)] > 1
+        rows: list[torch.Tensor] = []
         try:
+            if param not in owned and not replicated:
+                continue
             values = _values(param)
+            device = values.device
             if param in owned:
-                bad = _check_owned(name, param, values, owned[param], atol, report)
-                if bad is not None:
-                    report.shard_mismatch_count += 1
-                    if len(report.shard_mismatches) < max_names:
-                        report.shard_mismatches.append(bad)
-            folded = _fold(_replica_bits(param, values)).to(values.device)
+                check.add(name, param, values, owned[param])
+            if replicated:  # a group of one has no replica to disagree with: no fold
+                rows = _row_sums(_replica_bits(param, values), stride, offset)
         except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce below
             report.unchecked.append(f"{name}: {type(exc).__name__}: {exc}")
-            folded = torch.zeros((), dtype=torch.int64, device=param.device)
-        entry = hashes.setdefault(id(group), (group, [], []))
-        entry[1].append(folded)
-        entry[2].append(name)
+        if replicated:
+            entry = hashes.setdefault(id(group), (group, [], []))
+            entry[1].append(rows)
+            entry[2].append(name)
+    check.finish(max_names)
     report.params_hashed = sum(len(v[1]) for v in hashes.values())
-    _reduce(hashes, report, max_names)
+    _reduce(hashes, report, max_names, device)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+#: Calls so far in this process: the default rotation of the sampled blocks.
+_CALLS = itertools.count()
+
+
+def _group_size(group: Any) -> int:
+    import torch.distributed as dist
+
+    if group is None or not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return int(dist.get_world_size(group))
 
 
 def _groups(chunk: Any) -> list[Any]:
@@ -486,25 +633,24 @@ def _groups(chunk: Any) -> list[Any]:
 
 
 def _reduce(
-    hashes: dict[int, tuple[Any, list[torch.Tensor], list[str]]], report: WeightReport, max_names: int
+    hashes: dict[int, tuple[Any, list[list[torch.Tensor]], list[str]]],
+    report: WeightReport,
+    max_names: int,
+    device: Any,
 ) -> None:
     """One MAX all-reduce per data-parallel group: folds, their complements, the mismatch count."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return
     first = True
-    for group, folds, param_names in hashes.values():
-        if group is None or dist.get_world_size(group) < 2:
-            continue
-        h = torch.stack(folds)
+    for group, rows, param_names in hashes.values():
+        h = _folds(rows, device if device is not None else torch.device("cpu"))
         # MAX of ~h is ~MIN of h: one reduction yields both ends of every fold's range.
         local = torch.tensor(
             [report.shard_mismatch_count if first else 0], dtype=torch.int64, device=h.device
         )
         vec = torch.cat([h, torch.bitwise_not(h), local])
         dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group)
-        n = len(folds)
+        n = len(rows)
         vec = vec.cpu()
         differs = (vec[:n] != torch.bitwise_not(vec[n : 2 * n])).tolist()
         for name, bad in zip(param_names, differs, strict=True):

@@ -156,6 +156,23 @@ def test_verify_weights_is_an_option_of_every_entry_point(tmp_path):
         assert (code == 0) == ok, out.getvalue() + err.getvalue()
 
 
+def test_verify_sample_is_a_checked_fraction(tmp_path):
+    """The sampling knob: a number in (0, 1], from Python, YAML and overrides alike."""
+    from mbridge_mxfp8_plugin import MXFP8ConfigError
+    from mbridge_mxfp8_plugin.launch import LaunchError, plugin_section
+
+    assert 0 < PluginOptions().verify_sample < 1  # sampled by default
+    assert PluginOptions.from_mapping({"verify_sample": 1}).verify_sample == 1
+    assert plugin_section(None, ["mxfp8_plugin.verify_sample=0.5"]).verify_sample == 0.5
+    for bad in (0, 0.0, 1.5, -0.1):
+        with pytest.raises(MXFP8ConfigError, match=r"verify_sample must be in \(0, 1\]"):
+            PluginOptions.from_mapping({"verify_sample": bad})
+    with pytest.raises(MXFP8ConfigError, match="verify_sample must be a number"):
+        PluginOptions.from_mapping({"verify_sample": "all"})
+    with pytest.raises(LaunchError, match="verify_sample"):
+        plugin_section(None, ["mxfp8_plugin.verify_sample=2"])
+
+
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
 def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
     """EngineHolder._verify: with the option on, a bad report raises under strict, else one
@@ -165,10 +182,11 @@ def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
     from mbridge_mxfp8_plugin import MXFP8PluginError
     from mbridge_mxfp8_plugin.verify import ParamMismatch, WeightReport
 
-    calls = []
+    calls, samples = [], []
 
-    def fake_verify(chunks, optimizer, *, event):
+    def fake_verify(chunks, optimizer, *, event, sample):
         calls.append(event)
+        samples.append(sample)
         return WeightReport(event, shard_mismatches=[ParamMismatch("w", 1.0, 3)], shard_mismatch_count=1)
 
     monkeypatch.setattr(verify, "verify_weights", fake_verify)
@@ -176,7 +194,9 @@ def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
     chunk, optimizer = _Chunk(), object()
     assert MXFP8ParamSyncCallback(PluginOptions(strict=strict))._verify("eval", [chunk], optimizer) is None
     assert calls == []  # option off: control
-    cb = MXFP8ParamSyncCallback(PluginOptions(enabled=False, verify_weights=True, strict=strict))
+    cb = MXFP8ParamSyncCallback(
+        PluginOptions(enabled=False, verify_weights=True, verify_sample=0.25, strict=strict)
+    )
     cb._verify("on_train_start", [chunk], optimizer, when=False)  # remembers, checks nothing
     assert calls == []
     with caplog.at_level(logging.ERROR, logger="mbridge_mxfp8_plugin"):
@@ -187,6 +207,7 @@ def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
             report = cb._verify("on_eval_start")
             assert report is not None and not report.ok
     assert calls == ["on_eval_start (Bridge)"]
+    assert samples == [0.25]  # the option reaches the check
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == (0 if strict else 1)
     if not strict:

@@ -225,6 +225,61 @@ def _case_expert() -> dict[str, Any]:
     return {"stale": stale, "report": report, "expert_params": experts, "job": job}
 
 
+def _case_sampling() -> dict[str, Any]:
+    """The sampled check on current weights: silent; then one owned slice shifted by 64 elements
+    (A's signature), then one 32-element block negated in two params (one with a row length
+    that is a multiple of 32, one whose rows end in a short block)."""
+    from mbridge_mxfp8_plugin.options import DEFAULT_VERIFY_SAMPLE
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+    from mbridge_mxfp8_plugin.verify import _owned_shards, ensure_weights_current, verify_weights
+
+    job = build_job(ToyConfig(dims=(32, 45, 96, 45, 10)))
+    _train(job, ITERS)
+    ensure_weights_current(job.model, job.optimizer)
+    rec: dict[str, Any] = {"stride": round(1 / DEFAULT_VERIFY_SAMPLE)}
+    rec["clean"] = verify_weights(job.model, job.optimizer, event="clean")
+    rec["clean_full"] = verify_weights(job.model, job.optimizer, event="clean", sample=1.0)
+    owned, _ = _owned_shards(job.optimizer)
+    rec["owned_elements"] = sum(o.end - o.start for o in owned.values())
+    names = {p: n for n, p in job.model[0].named_parameters()}
+    # Weights (dim 2) only: the emulated MXFP8 params, read through their storage.
+    mine = {
+        names[p]: (p, o) for p, o in owned.items() if p.dim() == 2 and o.end - o.start >= 3 * p.shape[-1] + 32
+    }
+    by_last = sorted(mine, key=lambda n: mine[n][0].shape[-1] % 32 != 0)
+    aligned, odd = by_last[0], by_last[-1]
+    rec["aligned"], rec["odd"] = aligned, odd
+    assert mine[aligned][0].shape[-1] % 32 == 0 and mine[odd][0].shape[-1] % 32 != 0
+
+    def storage(param: Any) -> torch.Tensor:
+        with torch._C.DisableTorchFunctionSubclass():
+            return param.data.view(-1)
+
+    param, own = mine[aligned]
+    flat = storage(param)
+    saved = flat[own.start : own.end].clone()
+    with torch.no_grad():
+        flat[own.start : own.end] = torch.roll(saved, 64)
+    rec["shifted"] = verify_weights(job.model, job.optimizer, event="shifted")
+    with torch.no_grad():
+        flat[own.start : own.end] = saved
+    rec["restored"] = verify_weights(job.model, job.optimizer, event="restored", sample=1.0)
+    # One block of each: the first whole 32-element block of a row inside the owned slice.
+    for name in (aligned, odd):
+        param, own = mine[name]
+        last = param.shape[-1]
+        row = -(-own.start // last) + 1
+        start = row * last
+        assert own.start <= start and start + 32 <= own.end
+        with torch.no_grad():
+            storage(param)[start : start + 32].neg_()
+    rec["one_block_full"] = verify_weights(job.model, job.optimizer, event="one block", sample=1.0)
+    rec["one_block_sampled"] = [
+        verify_weights(job.model, job.optimizer, event="one block") for _ in range(rec["stride"])
+    ]
+    return {**rec, "job": job}
+
+
 def _snapshot(job: Any) -> tuple[dict[str, torch.Tensor], list[list[torch.Tensor]]]:
     """What a checkpoint holds after a save: every ``param.data`` and the fp32 main shards."""
     from mbridge_mxfp8_plugin.plan import distributed_optimizers
@@ -347,6 +402,7 @@ def _rank() -> dict[str, Any]:
         for mode in ("c_off", "c_fixed", "on"):
             out[f"c:{mode}"] = _case_c(mode)
         out["expert"] = _case_expert()
+        out["sampling"] = _case_sampling()
         for mode in ("disabled", "b1_off", "b2_off", "on", "stale_ckpt"):
             out[f"opt:{mode}"] = _case_option(mode)
     for value in out.values():
@@ -461,6 +517,43 @@ def test_expert_parallel_buffers(runs: list[dict[str, Any]]) -> None:
         stale, rep = case["stale"], case["report"]
         assert not stale.ok and any(m.name.startswith("module.layers.1.") for m in stale.shard_mismatches)
         assert rep.ok and rep.params_hashed == 6, rep.message()
+
+
+def test_sampled_check_silent_on_current_weights_and_full_covers_every_block(
+    runs: list[dict[str, Any]],
+) -> None:
+    for r in runs:
+        case = r["sampling"]
+        clean, full = case["clean"], case["clean_full"]
+        assert clean.ok and full.ok, (clean.message(), full.message())
+        assert full.sample == 1.0 and clean.sample == 1 / case["stride"]
+        # The full check compares every owned element but those of blocks split between ranks.
+        assert full.elements_checked + full.elements_skipped == case["owned_elements"]
+        assert 0 < clean.elements_checked < full.elements_checked / 4
+        assert clean.params_checked == full.params_checked
+
+
+def test_sampled_check_fires_on_one_shifted_slice(runs: list[dict[str, Any]]) -> None:
+    for r in runs:
+        case = r["sampling"]
+        rep = case["shifted"]
+        assert not rep.ok and [m.name for m in rep.shard_mismatches] == [case["aligned"]], rep.message()
+        assert case["restored"].ok, case["restored"].message()
+
+
+def test_one_bad_block_found_by_full_check_and_by_rotation(runs: list[dict[str, Any]]) -> None:
+    for r in runs:
+        case = r["sampling"]
+        full = case["one_block_full"]
+        assert {m.name for m in full.shard_mismatches} == {case["aligned"], case["odd"]}, full.message()
+        assert all(m.elements <= 32 for m in full.shard_mismatches)
+        seen: dict[str, int] = {}
+        for rep in case["one_block_sampled"]:
+            for m in rep.shard_mismatches:
+                seen[m.name] = seen.get(m.name, 0) + 1
+        # Each bad block is visited within ``stride`` consecutive calls, and not by every call.
+        assert set(seen) == {case["aligned"], case["odd"]}, seen
+        assert all(0 < count < case["stride"] for count in seen.values()), seen
 
 
 # ------------------------------------------------------------------ the option (loop API)
