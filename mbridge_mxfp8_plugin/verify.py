@@ -235,23 +235,24 @@ def _buffer_params(chunks: list[Any]) -> Iterator[tuple[int, bool, Any, Any]]:
 
 
 # ---------------------------------------------------------------------------- numerics
-def _values(param: Any) -> torch.Tensor:
+def _values(param: Any, fp8: bool) -> torch.Tensor:
     """The values the model computes with, flat, in the param's high-precision dtype (no grad).
 
     An alias of the param's storage wherever it holds the values (plain params, the test kit's
     emulation, whose non-structural ops return plain tensors); Transformer Engine's wrapper
     tensors hold bytes and scales, so they are dequantized (one bf16 copy of the param).
     """
-    from megatron.core import fp8_utils
-
     with torch.no_grad():
-        if fp8_utils.is_float8tensor(param) and (
+        if fp8 and (
             hasattr(param, "_rowwise_data")
             or hasattr(param, "_data")
             or not hasattr(type(param), "quantize_")
         ):
             return param.dequantize().reshape(-1)
-        return param.detach().view(param.dtype).reshape(-1)
+        # A plain tensor over the param's storage: the views below skip the subclass's
+        # ``__torch_function__`` (host time per param is most of a sampled check's cost).
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.reshape(param.detach(), -1)
 
 
 def _quantize_like(param: Any, values: torch.Tensor, report: WeightReport, params: int = 1) -> torch.Tensor:
@@ -347,20 +348,20 @@ class _ShardCheck:
         self.report, self.atol, self.stride, self.offset = report, atol, stride, offset
         self.batches: dict[tuple[Any, ...], _Batch] = {}
         self.slots: list[tuple[str, _Diff]] = []
+        self.verdicts: list[tuple[_Batch, torch.Tensor]] = []
 
-    def add(self, name: str, param: Any, values: torch.Tensor, own: _Owned) -> None:
-        from megatron.core import fp8_utils
-
+    def add(self, name: str, param: Any, values: torch.Tensor, own: _Owned, fp8: bool, mxfp8: bool) -> None:
         report = self.report
         if own.main is None:
             report.unchecked.append(f"{name}: main params live inside the optimizer (precision-aware)")
             return
-        if fp8_utils.is_float8tensor(param) and not fp8_utils.is_mxfp8tensor(param):
+        if fp8 and not mxfp8:
             report.unchecked.append(f"{name}: per-tensor FP8 scale spans every rank's shard")
             return
-        main = own.main.detach().reshape(-1)
+        main = own.main  # the caller holds no_grad: views of it need no detach
+        if main.dim() != 1 or not main.is_contiguous():
+            main = main.reshape(-1)
         s, e = own.start, own.end
-        mxfp8 = bool(fp8_utils.is_mxfp8tensor(param))
         buf = own.buffer_dtype
         # In reuse mode the main shard travels as bf16 (staged into the bf16 view of the grad
         # buffer); with a uint8 FP8 buffer it is cast from fp32 directly.
@@ -371,50 +372,66 @@ class _ShardCheck:
         self.slots.append((name, _Diff()))
         report.params_checked += 1
         if mxfp8:
-            got, want, checked, whole = self._mxfp8_blocks(param, values, main, s, e)
+            pieces, checked, whole = self._mxfp8_blocks(param, values, main, s, e)
             report.elements_skipped += (e - s) - whole
         else:
-            got, want, checked = self._plain_blocks(values, main, s, e)
+            pieces, checked = self._plain_blocks(values, main, s, e)
         report.elements_checked += checked
         batch = self.batches.get(key)
         if batch is None:
             batch = self.batches[key] = _Batch(param, mxfp8, round_to)
-        for lo in range(0, got.shape[0], _CHUNK // _BLOCK):
-            g, w = got[lo : lo + _CHUNK // _BLOCK], want[lo : lo + _CHUNK // _BLOCK]
-            batch.got.append(g)
-            batch.main.append(w)
-            batch.owners.append((slot, g.shape[0]))
+        for got, want in pieces:
+            batch.got.append(got)
+            batch.main.append(want)
+            batch.owners.append((slot, got.shape[0]))
             batch.params.add(slot)
-            batch.blocks += g.shape[0]
+            batch.blocks += got.shape[0]
             if batch.blocks * _BLOCK >= _CHUNK:
                 self._flush(key)
                 batch = self.batches[key] = _Batch(param, mxfp8, round_to)
 
+    def _strided(
+        self, values: torch.Tensor, main: torch.Tensor, at: int, main_at: int, blocks: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every ``stride``-th of ``blocks`` 32-element blocks from flat element ``at`` of
+        ``values`` (``main_at`` of ``main``), as ``(k, 32)`` views in pieces of at most
+        ``_CHUNK`` elements: one ``as_strided`` per side and piece, no copy."""
+        k = max(0, -(-blocks // self.stride))
+        step = self.stride * _BLOCK
+        per = _CHUNK // _BLOCK
+        v0, m0 = values.storage_offset() + at, main.storage_offset() + main_at
+        return [
+            (
+                values.as_strided((min(per, k - lo), _BLOCK), (step, 1), v0 + lo * step),
+                main.as_strided((min(per, k - lo), _BLOCK), (step, 1), m0 + lo * step),
+            )
+            for lo in range(0, k, per)
+        ]
+
     def _plain_blocks(
         self, values: torch.Tensor, main: torch.Tensor, s: int, e: int
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
         """Blocks of 32 counted from the shard start (no scale: any grouping compares the same)."""
         n = (e - s) // _BLOCK
         first = _first(self.offset, self.stride, n)
-        got = values[s : s + n * _BLOCK].view(n, _BLOCK)[first :: self.stride]
-        want = main[: n * _BLOCK].view(n, _BLOCK)[first :: self.stride]
-        checked = got.shape[0] * _BLOCK
+        pieces = self._strided(values, main, s + first * _BLOCK, first * _BLOCK, n - first)
+        checked = sum(g.shape[0] for g, _ in pieces) * _BLOCK
         tail = (e - s) - n * _BLOCK
         if tail and (self.stride == 1 or n == 0):
             pad = (0, _BLOCK - tail)
-            got = torch.cat([got, torch.nn.functional.pad(values[s + n * _BLOCK : e], pad).view(1, _BLOCK)])
-            want = torch.cat([want, torch.nn.functional.pad(main[n * _BLOCK : e - s], pad).view(1, _BLOCK)])
+            got = torch.nn.functional.pad(values[s + n * _BLOCK : e], pad).view(1, _BLOCK)
+            pieces.append((got, torch.nn.functional.pad(main[n * _BLOCK : e - s], pad).view(1, _BLOCK)))
             checked += tail
-        return got, want, checked
+        return pieces, checked
 
     def _mxfp8_blocks(
         self, param: Any, values: torch.Tensor, main: torch.Tensor, s: int, e: int
-    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int]:
         """The sampled MXFP8 blocks (32 elements of a row; a row's last may be shorter) that lie
         wholly inside the shard ``[s, e)``, as ``(k, 32)`` rows, zero-padded (zeros leave a
         block's scale unchanged). Blocks straddling a shard boundary have a scale this rank cannot
-        compute, so they are skipped. Returns got, main, elements compared, elements in whole
-        blocks."""
+        compute, so they are skipped. Returns (got, main) pieces, elements compared, elements in
+        whole blocks."""
         last = param.shape[-1] if param.dim() > 0 else 1
         per_row = -(-last // _BLOCK)
         # Whole blocks inside [s, e) form one range of global block ids (row * per_row + j).
@@ -425,10 +442,10 @@ class _ShardCheck:
         g1 = max(g0, r * per_row + c // _BLOCK)
         n = g1 - g0
         first = _first(self.offset, self.stride, n)
-        if last % _BLOCK == 0:  # blocks are the flat 32-element runs: views, no index
-            got = values[g0 * _BLOCK : g1 * _BLOCK].view(n, _BLOCK)[first :: self.stride]
-            want = main[g0 * _BLOCK - s : g1 * _BLOCK - s].view(n, _BLOCK)[first :: self.stride]
-            return got, want, got.shape[0] * _BLOCK, n * _BLOCK
+        if last % _BLOCK == 0:  # blocks are the flat 32-element runs: strided views, no index
+            at = (g0 + first) * _BLOCK
+            pieces = self._strided(values, main, at, at - s, n - first)
+            return pieces, sum(g.shape[0] for g, _ in pieces) * _BLOCK, n * _BLOCK
         ids = torch.arange(g0 + first, g1, self.stride, device=values.device)
         rows, cols = ids // per_row, ids % per_row
         starts = rows * last + cols * _BLOCK
@@ -441,37 +458,53 @@ class _ShardCheck:
         # Elements in whole blocks: each row's last block holds only ``last % 32``.
         short_blocks = g1 // per_row - g0 // per_row
         whole = n * _BLOCK - short_blocks * (_BLOCK - last % _BLOCK)
-        return got, want, int(inside.sum()), whole
+        return [(got, want)], int(inside.sum()), whole
+
+    def _compare(self, batch: _Batch, report: WeightReport) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's got and reference blocks, each gathered into one ``(blocks, 32)`` tensor."""
+        # One cat per side (a launch each, whatever the number of pieces); then the rounding.
+        got = torch.cat(batch.got) if len(batch.got) > 1 else batch.got[0]
+        main = torch.cat(batch.main) if len(batch.main) > 1 else batch.main[0]
+        if batch.round_to is not None:
+            main = main.to(batch.round_to)
+        param = batch.param
+        if batch.mxfp8:
+            want = _quantize_like(param, main, report, len(batch.params))
+        else:
+            want = main.to(param.dtype)
+        return got, want.to(got.device)
 
     def _flush(self, key: tuple[Any, ...]) -> None:
+        """Compare one batch; the verdict stays on the device (no host sync per batch)."""
         batch = self.batches.pop(key, None)
         if batch is None or not batch.got:
             return
-        report = self.report
         try:
-            got = torch.cat(batch.got) if len(batch.got) > 1 else batch.got[0]
-            main = torch.cat(batch.main) if len(batch.main) > 1 else batch.main[0]
-            if batch.round_to is not None:
-                main = main.to(batch.round_to)
-            param = batch.param
-            if batch.mxfp8:
-                want = _quantize_like(param, main, report, len(batch.params))
+            got, want = self._compare(batch, self.report)
+            if self.atol:
+                differs = ~((got.float() - want.float()).abs() <= self.atol).all()
             else:
-                want = main.to(param.dtype)
-            want = want.to(got.device)
-            if torch.equal(got, want):
-                return  # the common case: one fused comparison per batch
-            row = 0
-            for slot, blocks in batch.owners:
-                self.slots[slot][1].add(got[row : row + blocks], want[row : row + blocks], self.atol)
-                row += blocks
+                differs = (got != want).any()  # NaN counts as a difference
+            self.verdicts.append((batch, differs))
         except Exception as exc:  # noqa: BLE001 - the rank must still join the all-reduce
             for slot in sorted(batch.params):
-                report.unchecked.append(f"{self.slots[slot][0]}: {type(exc).__name__}: {exc}")
+                self.report.unchecked.append(f"{self.slots[slot][0]}: {type(exc).__name__}: {exc}")
 
     def finish(self, max_names: int) -> None:
+        """Flush what is left, read every batch's verdict in one transfer, and attribute the
+        differences of a failed batch to its params (recomputed: the failure path only)."""
         for key in list(self.batches):
             self._flush(key)
+        if self.verdicts:
+            failed = torch.stack([d for _, d in self.verdicts])
+            for (batch, _), bad in zip(self.verdicts, failed.tolist(), strict=True):
+                if not bad:
+                    continue
+                got, want = self._compare(batch, WeightReport(event=""))
+                row = 0
+                for slot, blocks in batch.owners:
+                    self.slots[slot][1].add(got[row : row + blocks], want[row : row + blocks], self.atol)
+                    row += blocks
         for name, found in self.slots:
             if found.elements:
                 self.report.shard_mismatch_count += 1
@@ -584,31 +617,35 @@ def verify_weights(
         report.note = (report.note + "; " if report.note else "") + (
             "a param all-gather is in flight: this describes the weights before it lands"
         )
+    from megatron.core import fp8_utils
+
     check = _ShardCheck(report, atol, stride, offset)
     sizes: dict[int, int] = {}
     hashes: dict[int, tuple[Any, list[list[torch.Tensor]], list[str]]] = {}
     device: Any = None
-    for _, _, group, param in _buffer_params(chunks):
-        name = names.get(param, f"<param {tuple(param.shape)}>")
-        if id(group) not in sizes:
-            sizes[id(group)] = _group_size(group)
-        replicated = sizes[id(group)] > 1
-        rows: list[torch.Tensor] = []
-        try:
-            if param not in owned and not replicated:
-                continue
-            values = _values(param)
-            device = values.device
-            if param in owned:
-                check.add(name, param, values, owned[param])
-            if replicated:  # a group of one has no replica to disagree with: no fold
-                rows = _row_sums(_replica_bits(param, values), stride, offset)
-        except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce below
-            report.unchecked.append(f"{name}: {type(exc).__name__}: {exc}")
-        if replicated:
-            entry = hashes.setdefault(id(group), (group, [], []))
-            entry[1].append(rows)
-            entry[2].append(name)
+    with torch.no_grad():  # views of params and main shards, no autograd bookkeeping
+        for _, _, group, param in _buffer_params(chunks):
+            name = names.get(param, f"<param {tuple(param.shape)}>")
+            if id(group) not in sizes:
+                sizes[id(group)] = _group_size(group)
+            replicated = sizes[id(group)] > 1
+            rows: list[torch.Tensor] = []
+            try:
+                if param not in owned and not replicated:
+                    continue
+                fp8 = fp8_utils.is_float8tensor(param)
+                values = _values(param, fp8)
+                device = values.device
+                if param in owned:
+                    check.add(name, param, values, owned[param], fp8, fp8_utils.is_mxfp8tensor(param))
+                if replicated:  # a group of one has no replica to disagree with: no fold
+                    rows = _row_sums(_replica_bits(param, values), stride, offset)
+            except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce below
+                report.unchecked.append(f"{name}: {type(exc).__name__}: {exc}")
+            if replicated:
+                entry = hashes.setdefault(id(group), (group, [], []))
+                entry[1].append(rows)
+                entry[2].append(name)
     check.finish(max_names)
     report.params_hashed = sum(len(v[1]) for v in hashes.values())
     _reduce(hashes, report, max_names, device)
