@@ -28,6 +28,7 @@ host sync; nothing persists. :func:`ensure_weights_current` makes the weights cu
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 import weakref
@@ -235,6 +236,18 @@ def _buffer_params(chunks: list[Any]) -> Iterator[tuple[int, bool, Any, Any]]:
 
 
 # ---------------------------------------------------------------------------- numerics
+def _holds_values(param: Any) -> bool:
+    """Whether an FP8 param's storage holds its values (the kit's emulation), not bytes and
+    scales (Transformer Engine's wrappers)."""
+    return not (
+        hasattr(param, "_rowwise_data") or hasattr(param, "_data") or not hasattr(type(param), "quantize_")
+    )
+
+
+def _plain() -> Any:
+    return torch._C.DisableTorchFunctionSubclass()
+
+
 def _values(param: Any, fp8: bool) -> torch.Tensor:
     """The values the model computes with, flat, in the param's high-precision dtype (no grad).
 
@@ -243,11 +256,7 @@ def _values(param: Any, fp8: bool) -> torch.Tensor:
     tensors hold bytes and scales, so they are dequantized (one bf16 copy of the param).
     """
     with torch.no_grad():
-        if fp8 and (
-            hasattr(param, "_rowwise_data")
-            or hasattr(param, "_data")
-            or not hasattr(type(param), "quantize_")
-        ):
+        if fp8 and not _holds_values(param):
             return param.dequantize().reshape(-1)
         # A plain tensor over the param's storage: the views below skip the subclass's
         # ``__torch_function__`` (host time per param is most of a sampled check's cost).
@@ -625,7 +634,7 @@ def verify_weights(
     device: Any = None
     with torch.no_grad():  # views of params and main shards, no autograd bookkeeping
         for _, _, group, param in _buffer_params(chunks):
-            name = names.get(param, f"<param {tuple(param.shape)}>")
+            name = names.get(param) or f"<param {tuple(param.shape)}>"
             if id(group) not in sizes:
                 sizes[id(group)] = _group_size(group)
             replicated = sizes[id(group)] > 1
@@ -634,12 +643,17 @@ def verify_weights(
                 if param not in owned and not replicated:
                     continue
                 fp8 = fp8_utils.is_float8tensor(param)
-                values = _values(param, fp8)
-                device = values.device
-                if param in owned:
-                    check.add(name, param, values, owned[param], fp8, fp8_utils.is_mxfp8tensor(param))
-                if replicated:  # a group of one has no replica to disagree with: no fold
-                    rows = _row_sums(_replica_bits(param, values), stride, offset)
+                mxfp8 = fp8_utils.is_mxfp8tensor(param)
+                # Params that hold their values (plain, the kit's emulation) are read with their
+                # subclass's __torch_function__ off: its Python cost per attribute and view is
+                # most of a sampled check's time. TE's wrappers keep theirs.
+                with contextlib.nullcontext() if fp8 and not _holds_values(param) else _plain():
+                    values = _values(param, fp8)
+                    device = values.device
+                    if param in owned:
+                        check.add(name, param, values, owned[param], fp8, mxfp8)
+                    if replicated:  # a group of one has no replica to disagree with: no fold
+                        rows = _row_sums(_replica_bits(param, values), stride, offset)
             except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce below
                 report.unchecked.append(f"{name}: {type(exc).__name__}: {exc}")
             if replicated:
