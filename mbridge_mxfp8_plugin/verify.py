@@ -21,8 +21,10 @@ after an optimizer step) pass it. :func:`verify_weights` checks both:
   complement (so MAX gives the minimum too) and this rank's mismatch count. Every rank learns
   which params disagree and whether any peer's shard check failed.
 
-Cost: one dequantized param and one window of its main shard at a time (freed as it goes), one
-host sync; nothing persists. :func:`ensure_weights_current` makes the weights current on demand
+Cost: by default every 16th 32-element block of each owned slice is compared (``sample``, the
+phase rotating per call; ``sample=1.0`` compares every block), in batches of at most 16 Mi
+elements across params; TE params need one dequantized copy each; one host sync; nothing
+persists. :func:`ensure_weights_current` makes the weights current on demand
 (export, RL refit) through the shared :class:`~mbridge_mxfp8_plugin.sync.ParamSyncEngine`.
 """
 
