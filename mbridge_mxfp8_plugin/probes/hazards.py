@@ -70,20 +70,16 @@ def _core_answers(root: Path) -> tuple[bool | None, bool | None, bool | None]:
 
 
 def _bridge_stages_for_graph(training: Path) -> bool | None:
-    """Does every function of Bridge's training package that stages the main params through
-    ``_copy_main_params_to_param_buffer()`` also ask whether a full-iteration graph was captured?"""
-    stagers: list[str] = []
-    for f in sorted(training.rglob("*.py")):
-        text = read_text(f.parent, f.name)
-        if "_copy_main_params_to_param_buffer()" not in text:
-            continue
-        for m in re.finditer(r"^def (\w+)", text, re.M):
-            body = block(text, "def", m.group(1))
-            if "_copy_main_params_to_param_buffer()" in body:
-                stagers.append(body)
-    if not stagers:
+    """Does Bridge's per-step staging (``_handle_mxfp8_param_buffer_copy``, which skips the copy
+    while the forward pre-hooks are off) stage anyway once a full-iteration graph was captured?
+
+    Only that function decides what the first graphed step gathers: other stagers (0.5's explicit
+    staging before evals) run around forced syncs, outside any captured graph.
+    """
+    stager = block(read_text(training, "train.py"), "def", "_handle_mxfp8_param_buffer_copy")
+    if not stager:
         return None
-    return all("FullCudaGraphWrapper.cuda_graph" in body for body in stagers)
+    return "FullCudaGraphWrapper.cuda_graph" in stager
 
 
 @functools.lru_cache(maxsize=4)
