@@ -539,29 +539,13 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                     row["ratio_verify_vs_eval"],
                 )
             )
+        oks = ("verify_ok", "verify_plainquant_ok", "verify_full_ok", "verify_full_plainquant_ok")
+        verified = all(row[k] for k in oks)
         checks.append(
             (
                 f"{row['size']} verifier finds the refreshed weights right (both quantizers, sampled, full)",
-                all(
-                    row[k]
-                    for k in (
-                        "verify_ok",
-                        "verify_plainquant_ok",
-                        "verify_full_ok",
-                        "verify_full_plainquant_ok",
-                    )
-                ),
-                float(
-                    all(
-                        row[k]
-                        for k in (
-                            "verify_ok",
-                            "verify_plainquant_ok",
-                            "verify_full_ok",
-                            "verify_full_plainquant_ok",
-                        )
-                    )
-                ),
+                verified,
+                float(verified),
             )
         )
         checks.append(
