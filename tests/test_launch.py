@@ -73,8 +73,8 @@ def test_every_knob_of_the_section_and_the_overrides_is_read(tmp_path):
     lines = ["mxfp8_plugin:"] + [f"  {k}: {str(v).lower()}" for k, v in flipped.items()]
     path = tmp_path / "r.yaml"
     path.write_text("\n".join(lines) + "\n")
-    options = plugin_section(path, ["mxfp8_plugin.dp_size=16"])
-    assert options.as_mapping() == {**flipped, "dp_size": 16}
+    options = plugin_section(path, ["mxfp8_plugin.dp_size=16", "mxfp8_plugin.verify_sample=0.25"])
+    assert options.as_mapping() == {**flipped, "dp_size": 16, "verify_sample": 0.25}
     # the command line wins over the file, ~ restores the default
     options = plugin_section(path, ["mxfp8_plugin.enabled=true", "~mxfp8_plugin.strict"])
     assert options.enabled is True and options.strict is True

@@ -47,7 +47,19 @@ from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
 
 from .te_stub import BRIDGE_STUBS, importer_scoped_stubs
 
-__all__ = ["bridge_on_cpu", "cpu_cuda_rng", "torch_adam_checkpoints"]
+__all__ = ["NO_CPU_FUSIONS", "bridge_on_cpu", "cpu_cuda_rng", "torch_adam_checkpoints"]
+
+#: Model-config knobs both real frameworks' CPU runs turn off: each names a fused CUDA/TE kernel
+#: (or, persist_layer_norm, Apex's) that has no CPU implementation.
+NO_CPU_FUSIONS: dict[str, bool] = dict(
+    gradient_accumulation_fusion=False,
+    masked_softmax_fusion=False,
+    cross_entropy_loss_fusion=False,
+    bias_activation_fusion=False,
+    bias_dropout_fusion=False,
+    apply_rope_fusion=False,
+    persist_layer_norm=False,
+)
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:

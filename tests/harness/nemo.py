@@ -155,6 +155,8 @@ def build(mode: str) -> tuple[Any, Any, Any]:
     from nemo.collections import llm
     from nemo.collections.common.tokenizers.null_tokenizer import NullTokenizer
 
+    from harness.bridge_cpu import NO_CPU_FUSIONS
+
     mx = mode != "reference"
 
     class TinyGPT(llm.GPTModel):
@@ -243,13 +245,7 @@ def build(mode: str) -> tuple[Any, Any, Any]:
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
         autocast_dtype=torch.bfloat16,
-        gradient_accumulation_fusion=False,
-        masked_softmax_fusion=False,
-        cross_entropy_loss_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        persist_layer_norm=False,
+        **NO_CPU_FUSIONS,
     )
     model = TinyGPT(config, tokenizer=tokenizer)
     data = MockData(

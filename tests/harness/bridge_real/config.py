@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from harness.bridge_cpu import NO_CPU_FUSIONS
+
 HIDDEN, FFN, HEADS, LAYERS, SEQ, VOCAB = 96, 160, 4, 2, 32, 128
 
 
@@ -87,13 +89,7 @@ def build_config(spec: JobSpec, world_size: int) -> Any:
             autocast_dtype=torch.bfloat16,
             hidden_dropout=0.0,
             attention_dropout=0.0,
-            gradient_accumulation_fusion=False,
-            masked_softmax_fusion=False,
-            cross_entropy_loss_fusion=False,
-            bias_activation_fusion=False,
-            bias_dropout_fusion=False,
-            apply_rope_fusion=False,
-            persist_layer_norm=False,
+            **NO_CPU_FUSIONS,
             use_cpu_initialization=True,
             pipeline_model_parallel_size=spec.pp,
             virtual_pipeline_model_parallel_size=spec.vp,
