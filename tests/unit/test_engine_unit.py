@@ -1,5 +1,5 @@
 """The engine's state machine in one process, against fakes of megatron-core that behave as each
-release does (tests/unit/fake_core.py): which event stages, gathers, writes back or resets.
+release does (tests/harness/fake_core.py): which event stages, gathers, writes back or resets.
 
 Expectations come from UPSTREAM.md's defect facts, not from the engine: an eval must read the
 current main params (B1/B2), the step after a forced sync must gather and leave a zeroed buffer
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fake_core import RELEASES, N, make_job
+from harness.fake_core import RELEASES, N, make_job
 
 from mbridge_mxfp8_plugin import sync
 from mbridge_mxfp8_plugin.errors import MXFP8UsageError
