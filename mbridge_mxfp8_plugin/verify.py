@@ -791,7 +791,7 @@ def ensure_weights_current(model_chunks: Sequence[Any] | Any, optimizer: Any) ->
         return SyncStats(note="no overlap_param_gather: the optimizer step gathered already")
     if engine.alignment is None:
         engine.prepare()
-    key = tuple(id(c) for c in chunks)
+    key = ParamSyncEngine.model_key(chunks)
     recorded = _CURRENT_AT.get(chunks[0])
     mine = recorded is not None and recorded[0] == key
     if mine and recorded is not None and recorded[1] == _versions(engine, optimizer):
