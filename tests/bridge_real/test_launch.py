@@ -28,7 +28,7 @@ from mbridge_mxfp8_plugin.launch import (
 from mbridge_mxfp8_plugin.options import PluginOptions
 from mbridge_mxfp8_plugin.recipes import RecipeError, load_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny_gpt_mxfp8_launch.yaml"
 SUMMARY = "MXFP8 param-sync plugin active"
 TOL = 1e-4

@@ -23,7 +23,7 @@ import pytest
 from mbridge_mxfp8_plugin import _log
 from mbridge_mxfp8_plugin._log import WARNING_LEVEL, log_rank_zero
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: What every child prints through the plugin: the runtime adapter's strict=False report (the
 #: call _adapter.check_job makes), a recipe applied with strict=False whose config breaks rule

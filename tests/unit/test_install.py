@@ -24,7 +24,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "mbridge_mxfp8_plugin"
 
 #: versions as NGC's PyTorch / NeMo containers report them

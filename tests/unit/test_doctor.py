@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 
 
 def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
@@ -73,7 +73,7 @@ def test_doctor_renders_the_one_defect_table() -> None:
     assert proc.returncode == 0, proc.stderr
     for d in DEFECTS.values():
         assert d.symptom in proc.stdout and d.fixed_in in proc.stdout, d.id
-    doctor_src = (Path(__file__).resolve().parents[1] / "mbridge_mxfp8_plugin" / "doctor.py").read_text()
+    doctor_src = (Path(__file__).resolve().parents[2] / "mbridge_mxfp8_plugin" / "doctor.py").read_text()
     assert not any(d.symptom[:40] in doctor_src for d in DEFECTS.values())
 
 
