@@ -22,6 +22,9 @@ __all__ = [
     "Hazard",
     "HazardSide",
     "LoopStaging",
+    "NEMO_LAST_RELEASE",
+    "NEMO_LOOP",
+    "NEMO_TERMS",
     "core_defects",
     "defects_present",
     "hazards_exposed",
@@ -87,6 +90,58 @@ DEFECTS: dict[str, Defect] = {
 
 #: The defects a training run (not an eval-only job) can hit, in table order.
 TRAINING_DEFECTS = ("A", "B1", "B2", "C")
+
+
+# NeMo 2's loop (``nemo.lightning``: ``MegatronStrategy``, ``MegatronParallel``) meets the same
+# defects at other places than Bridge's, and a NeMo 2 user reads the table in NeMo's terms. NeMo 2
+# is frozen: its LLM stack ends with nemo_toolkit 2.7 (3.0 is NeMo Speech, without
+# ``nemo.lightning`` or ``nemo.collections.llm``), so these facts cannot go stale and no NeMo
+# release will fix what they describe.
+
+#: Why NeMo 2 users keep the defects: one line, quoted by ``doctor`` and the docs.
+NEMO_LAST_RELEASE = (
+    "NeMo 2.7 is the last NeMo with the LLM stack (nemo.lightning, nemo.collections.llm); "
+    "nemo_toolkit 3.0 is NeMo Speech. No NeMo release will fix these defects: a NeMo 2 job keeps "
+    "them for as long as it runs on NeMo 2"
+)
+
+#: What NeMo 2's loop does at the points where Bridge's loop stages, forces a sync or toggles the
+#: forward pre-hooks (question, NeMo 2.7's answer).
+NEMO_LOOP: tuple[tuple[str, str], ...] = (
+    (
+        "stages the fp32 main params before a forward",
+        "never (megatron-core leaves it to the loop with overlap_param_gather): every training step's "
+        "pre-hook gathers the buffer zero_grad_buffer() has just cleared",
+    ),
+    (
+        "forces a param sync",
+        "only in MegatronStrategy.save_checkpoint -> MegatronParallel.force_param_sync() "
+        "(start_param_sync(force_sync=True) on every chunk, when use_distributed_optimizer and "
+        "overlap_param_gather are on): every checkpoint save",
+    ),
+    (
+        "toggles the forward pre-hooks around validation",
+        "never: the first validation forward's pre-hook gathers whatever the shared buffer holds "
+        "(after an optimizer step: the gradients, not the weights)",
+    ),
+)
+
+#: Each defect of :data:`DEFECTS` as a NeMo 2 job meets it.
+NEMO_TERMS: dict[str, str] = {
+    "A": "the same buckets under MegatronParallel: every param all-gather (each step's pre-hook, "
+    "each save's force_param_sync) hands params their neighbours' values",
+    "B1": "MegatronStrategy.save_checkpoint's force_param_sync() does not write the gathered weights "
+    "into the params: the checkpoint holds the weights of the previous gather",
+    "B2": "NeMo never stages the main params, neither before a step nor before a save's "
+    "force_param_sync() nor before validation: MXFP8 weights are the gathered zeros from the first "
+    "step on (the loss stays at ln(vocab)), and validation and saves see whatever the shared buffer "
+    "holds instead of the weights",
+    "C": "after a validation (its pre-hooks dispatched the gathers) or a save's force_param_sync() the "
+    "bucket groups stay marked dispatched: the next training step skips its all-gather and runs on "
+    "the weights the validation or the save left",
+    "E": "trainer.validate() or trainer.test() with no fit before it: the first forward's pre-hook "
+    "gathers the never-staged shared buffer over the initialised or loaded weights",
+}
 
 
 class CoreSide(Protocol):

@@ -7,10 +7,15 @@ present is decided in :func:`mbridge_mxfp8_plugin.defects.defects_present` and
 :func:`~mbridge_mxfp8_plugin.defects.hazards_exposed` from the installed sources read as text
 (megatron-core's param-sync and optimizer files, Megatron-Bridge's training package:
 ``training/train.py``), never from version strings and without importing torch, megatron-core or
-Bridge (importing Bridge needs Transformer Engine). ``--json`` prints the same report
-machine-readably. Exit codes: 0 the report is complete (defects present are not an error: they are
-what the plugin repairs), 2 it could not be made (no megatron-core installed), with one line on
-stderr saying so. docs/compatibility.md lists the result per release pair.
+Bridge (importing Bridge needs Transformer Engine). Where nemo_toolkit is installed it also says
+where NeMo 2's loop stages, forces syncs and toggles pre-hooks, and each defect in NeMo's terms
+(:data:`~mbridge_mxfp8_plugin.defects.NEMO_TERMS`): NeMo 2's LLM stack ends with 2.7, so its
+users keep the defects and read the table in NeMo's terms, not Bridge's. nemo_toolkit and Lightning
+are found through ``importlib.metadata`` (importing ``nemo`` takes seconds and pulls in torch).
+``--json`` prints the same report machine-readably. Exit codes: 0 the report is complete
+(defects present are not an error: they are what the plugin repairs), 2 it could not be made (no
+megatron-core installed), with one line on stderr saying so. docs/compatibility.md lists the
+result per release pair.
 """
 
 from __future__ import annotations
@@ -18,9 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib import metadata
 from typing import Any, TextIO
 
-from .defects import DEFECTS, HAZARDS, TRAINING_DEFECTS, defects_present, hazards_exposed
+from .defects import (
+    DEFECTS,
+    HAZARDS,
+    NEMO_LAST_RELEASE,
+    NEMO_LOOP,
+    NEMO_TERMS,
+    TRAINING_DEFECTS,
+    defects_present,
+    hazards_exposed,
+)
 from .probes import installed_versions, probe_bridge_files, probe_core_files, probe_hazard_files
 
 __all__ = ["add_doctor_parser", "diagnose", "render"]
@@ -37,6 +52,12 @@ def _plugin_action(defect: str, present: bool | None, partial: str = "") -> str:
             "C": "nothing: core resets the dispatch state when the loop stages",
             "E": "nothing",
         }[defect]
+    if defect == "B2" and partial == "NeMo 2":
+        return (
+            "MXFP8ParamSyncLightningCallback stages the main params before each step "
+            "(on_megatron_microbatches_start; option stage_for_nemo_steps) and before each save "
+            "(on_save_checkpoint), and refreshes the weights at on_validation_start"
+        )
     return {
         "A": "rewrites bucket.param_to_index from the buffer's padded layout when it binds (train start)",
         "B1": "writes the gathered weights into the params before eval/test (Bridge on_eval_start, "
@@ -49,14 +70,49 @@ def _plugin_action(defect: str, present: bool | None, partial: str = "") -> str:
     }[defect]
 
 
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _nemo() -> dict[str, Any] | None:
+    """NeMo 2's loop, when nemo_toolkit is installed: its version and whether it still ships the
+    LLM stack. Read from the distribution's file list, not by importing ``nemo`` (seconds, and it
+    pulls torch and megatron-core); ``llm_stack`` is ``None`` when the list is missing."""
+    version = _version("nemo_toolkit")
+    if version is None:
+        return None
+    files = metadata.distribution("nemo_toolkit").files
+    llm = None if not files else any(str(f).startswith("nemo/collections/llm/") for f in files)
+    return {
+        "nemo_toolkit": version,
+        "lightning": _version("lightning"),
+        "llm_stack": llm,
+        "loop": dict(NEMO_LOOP) if llm is not False else None,
+        "last_release": NEMO_LAST_RELEASE,
+    }
+
+
+def _versions() -> dict[str, str | None]:
+    versions = dict(installed_versions())
+    versions["nemo_toolkit"] = _version("nemo_toolkit")
+    if _version("pytorch-lightning") is not None:  # NeMo 2 imports lightning.pytorch; list both
+        versions["pytorch-lightning"] = _version("pytorch-lightning")
+    return versions
+
+
 def diagnose() -> dict[str, Any]:
     """The report as a dict (what ``--json`` prints)."""
     report: dict[str, Any] = {
-        "versions": installed_versions(),
+        "versions": _versions(),
         "core": None,
         "bridge_loop": None,
+        "nemo": _nemo(),
         "defects": {},
     }
+    nemo_loop = bool(report["nemo"] and report["nemo"]["loop"])
     loop = probe_bridge_files()
     report["bridge_loop"] = loop.as_dict() if loop else None
     core = probe_core_files()
@@ -72,7 +128,9 @@ def diagnose() -> dict[str, Any]:
         return report
     present = defects_present(core, loop)
     partial = ""
-    if loop is None:
+    if loop is None and nemo_loop:
+        partial = "NeMo 2"
+    elif loop is None:
         partial = "no Megatron-Bridge installed: assumed for any loop that does not stage"
     elif present["B2"] and loop.stages_before_eval:
         partial = "the loop stages before evals only; saves and the closing sync are not staged"
@@ -84,6 +142,8 @@ def diagnose() -> dict[str, Any]:
             "fixed_in": defect.fixed_in,
             "plugin": _plugin_action(d, present[d], partial if d == "B2" else ""),
         }
+        if nemo_loop:
+            report["defects"][d]["nemo"] = NEMO_TERMS[d]
     training_defects = [d for d in TRAINING_DEFECTS if present[d]]
     report["present"] = training_defects
     report["unknown"] = [d for d in TRAINING_DEFECTS if present[d] is None]
@@ -149,6 +209,8 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
         p(f"  fires on_checkpoint_save (after the save):         {loop['fires_on_checkpoint_save']}")
     else:
         p("Megatron-Bridge: not installed (B2 judged for a loop that does not stage)")
+    if report.get("nemo"):
+        _render_nemo(report["nemo"], p)
     if report.get("error"):
         p(f"error: {report['error']}")
     if report["defects"]:
@@ -157,12 +219,27 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
         _render_hazards(report["hazards"], p)
 
 
+def _render_nemo(nemo: dict[str, Any], p: Any) -> None:
+    if nemo["llm_stack"] is False:
+        p(f"nemo_toolkit {nemo['nemo_toolkit']}: NeMo Speech, no NeMo 2 LLM stack (nemo.collections.llm)")
+        p(f"  {nemo['last_release']}")
+        return
+    unsure = "" if nemo["llm_stack"] else " (its file list is missing: assumed to be NeMo 2's)"
+    p(f"NeMo 2 loop (nemo_toolkit {nemo['nemo_toolkit']}, nemo.lightning){unsure}; "
+      "the fix: MXFP8ParamSyncLightningCallback (mbridge_mxfp8_plugin.lightning)")
+    for question, answer in nemo["loop"].items():
+        p(f"  {question}: {answer}")
+    p(f"  {nemo['last_release']}")
+
+
 def _render_defects(report: dict[str, Any], p: Any) -> None:
     p("defects (MXFP8 params + fp8_param_gather + reuse_grad_buf_for_mxfp8_param_ag + overlap_param_gather):")
     for d, info in report["defects"].items():
         mark = {True: "PRESENT", False: "fixed  ", None: "unknown"}[info["present"]]
         p(f"  {d:<3} {mark}  {info['what']}")
         p(f"               where: {info['where']}; fixed upstream in: {info['fixed_in']}")
+        if "nemo" in info:
+            p(f"               in NeMo 2: {info['nemo']}")
         p(f"               plugin: {info['plugin']}")
     listed = ", ".join(report["present"])
     if report["unknown"]:  # unknown is never "none"
