@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BRIDGE_VERSION ?= 0.3.1
 REQ := requirements/py311-core0161.txt
-# What Bridge's own pretrain() imports beyond REQ (tests/test_bridge_real.py runs it in the main tier).
+# What Bridge's own pretrain() imports beyond REQ (tests/bridge_real/ runs it in the main tier).
 REAL_REQ := requirements/bridge-real-py3.11.txt
 STAMP := $(VENV)/.installed-$(shell cat $(REQ) $(REAL_REQ) Makefile pyproject.toml | sha1sum | cut -c1-12)
 PY := $(VENV)/bin/python
@@ -28,19 +28,19 @@ demo: $(STAMP)
 test:
 	bash .ci/test-all.sh
 
-# The fast tier, one process, no spawned ranks (tests/unit: the engine's state machine against
-# fakes of megatron-core, every config rule) plus the config column's tests: under 2 minutes.
+# The fast tier: tests/unit, every single-process test (no spawned ranks: the engine's state machine
+# against fakes of megatron-core, every config rule, the config column, the CLI): under 2 minutes.
 # Reuses an existing venv as it is (a stale stamp would reinstall); creates one only if missing.
-FAST := tests/unit tests/test_config_read.py tests/test_config_equivalence.py tests/test_check_cli.py \
-	tests/test_doctor.py tests/test_recipes.py
 test-fast:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(STAMP)
-	NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider $(FAST)
+	NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider tests/unit
 
-# The doctor's report heads the log: which torch / megatron-core / bridge this suite ran against.
+# Every tier this venv can run: unit, ranks, bridge_real (tests/nemo runs in .venv-nemo, tests/gpu on
+# a 2-GPU host). The doctor's report heads the log: which torch / megatron-core / bridge it ran against.
 test-main: $(STAMP)
 	NO_VCS_VERSION=1 $(VENV)/bin/mxfp8-plugin doctor
-	MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs --durations=15
+	MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs --durations=15 \
+		tests/unit tests/ranks tests/bridge_real
 
 matrix:
 	bash .ci/matrix.sh core0140 core0153 core0171 core0182 core0192

@@ -27,7 +27,7 @@ declare -A CELL=(
     [core0192]="3.12 0.6.2"
 )
 ORDER=(core0140 core0153 core0161 core0171 core0182 core0192)
-# Cells whose Bridge release also runs its own pretrain() (tests/test_bridge_real.py): the pairs users run.
+# Cells whose Bridge release also runs its own pretrain() (tests/bridge_real/test_bridge_real.py): the pairs users run.
 # Their extra packages (transformers, nvidia-modelopt, ...) are in the 3.12 base venv. The 4-rank
 # pipeline-parallel run (PP=2 x DP=2, VP=2) runs in the main tier only, to keep CI time.
 declare -A REAL_PRETRAIN=([core0171]=1 [core0182]=1 [core0192]=1)
@@ -126,10 +126,10 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
     echo "[$cell] $versions"
     echo "[$cell] Bridge loop order replayed: $loop"
     echo "=================================================================================="
+    # What each cell runs is marked in the tests themselves (pytest.mark.matrix), not listed here.
     # shellcheck disable=SC2086
     if PYTHONPATH=.matrix/$cell MXFP8_MATRIX_CELL=$cell MXFP8_BRIDGE_LOOP=$loop NO_VCS_VERSION=1 \
-        "$py" -m pytest -q -p no:cacheprovider tests/test_matrix.py tests/test_doctor.py tests/test_exit_saves.py tests/test_hazards.py tests/test_verify.py \
-        "tests/test_validate.py::test_bucket_alignment_on_real_dense_and_expert_buffers" ${MATRIX_PYTEST_ARGS:-}; then
+        "$py" -m pytest -q -p no:cacheprovider -m matrix tests/unit tests/ranks ${MATRIX_PYTEST_ARGS:-}; then
         RESULT[$cell]="passed"
     else
         RESULT[$cell]="FAILED"; fail=1
@@ -139,7 +139,7 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
         echo "[$cell] Megatron-Bridge's real pretrain() ($(disk))"
         # shellcheck disable=SC2086
         if PYTHONPATH=.matrix/$cell MXFP8_MATRIX_CELL=$cell MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 \
-            "$py" -m pytest -q -p no:cacheprovider tests/test_bridge_real.py -k "not pipeline" \
+            "$py" -m pytest -q -p no:cacheprovider tests/bridge_real/test_bridge_real.py -k "not pipeline" \
             ${MATRIX_PYTEST_ARGS:-}; then
             RESULT[$cell]="${RESULT[$cell]}, real pretrain passed ($((SECONDS - t1)) s)"
         else

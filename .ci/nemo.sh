@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NeMo tier: the Lightning adapter on NeMo 2's real stack (tests/test_nemo_real.py).
+# NeMo tier: the Lightning adapter on NeMo 2's real stack (tests/nemo/).
 #
 #   .ci/nemo.sh                      set up (or reuse) .venv-nemo and run the tier
 #   NEMO_SETUP_ONLY=1 .ci/nemo.sh    install, run nothing
@@ -57,5 +57,5 @@ import sys
 print('nemo: python', sys.version.split()[0], '| ' + ' | '.join(
     f'{p} {v(p)}' for p in ('torch', 'nemo_toolkit', 'megatron-core', 'lightning', 'numpy')))"
 t0=$SECONDS
-"$PY" -m pytest -q -p no:cacheprovider -rs tests/test_nemo_real.py
+"$PY" -m pytest -q -p no:cacheprovider -rs tests/nemo
 echo "nemo: tier passed in $((SECONDS - t0)) s ($(disk))"

@@ -24,6 +24,8 @@ from harness.weights import expected_mxfp8_weights, worst_diff
 from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
 from mbridge_mxfp8_plugin.bridge import EXIT_DURATION_MARGIN_S
 
+pytestmark = pytest.mark.matrix  # every release-pair cell runs it (.ci/matrix.sh)
+
 #: the matrix runs each cell's own loop; the main tier three orders (0.5.1: on_checkpoint_save)
 LOOPS = (
     [os.environ["MXFP8_BRIDGE_LOOP"]] if os.environ.get("MXFP8_BRIDGE_LOOP") else ["0.3.1", "0.4.2", "0.5.1"]

@@ -29,6 +29,8 @@ pytest.importorskip("megatron.core")
 if importlib.util.find_spec("megatron.bridge") is None:  # imported later, under the harness' TE stub
     pytest.skip("Megatron-Bridge is not installed", allow_module_level=True)
 
+pytestmark = pytest.mark.matrix  # every release-pair cell runs it (.ci/matrix.sh)
+
 
 def _release(dist: str) -> tuple[int, int]:
     major, minor = re.match(r"(\d+)\.(\d+)", metadata.version(dist)).groups()  # type: ignore[union-attr]
