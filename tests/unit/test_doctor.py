@@ -142,3 +142,90 @@ def test_no_megatron_core_reports_the_core_defects_unknown(monkeypatch) -> None:
     assert text.count(" unknown  ") == 3, text
     assert "unknown (no megatron-core to read): A, B1, C" in text
     assert "present: none" not in text
+
+
+class _FakeDist:
+    """A distribution as ``importlib.metadata`` hands it out: a version and a file list."""
+
+    def __init__(self, version: str, files: list[str] | None) -> None:
+        self.version, self.files = version, files
+
+
+def _fake_metadata(dists: dict[str, _FakeDist]) -> object:
+    from types import SimpleNamespace
+
+    def distribution(name: str) -> _FakeDist:
+        if name not in dists:
+            raise metadata.PackageNotFoundError(name)
+        return dists[name]
+
+    return SimpleNamespace(
+        PackageNotFoundError=metadata.PackageNotFoundError,
+        distribution=distribution,
+        version=lambda name: distribution(name).version,
+    )
+
+
+_NEMO2 = {
+    "nemo_toolkit": _FakeDist("2.7.3", ["nemo/__init__.py", "nemo/collections/llm/api.py"]),
+    "lightning": _FakeDist("2.4.0", []),
+}
+_NEMO_SPEECH = {
+    "nemo_toolkit": _FakeDist("3.0.0", ["nemo/__init__.py", "nemo/collections/asr/models.py"]),
+    "lightning": _FakeDist("2.6.6", []),
+}
+
+
+def _doctor_text(monkeypatch, dists: dict[str, _FakeDist]) -> tuple[dict, str]:
+    import io
+
+    from mbridge_mxfp8_plugin import doctor
+
+    monkeypatch.setattr(doctor, "metadata", _fake_metadata(dists))
+    report = doctor.diagnose()
+    out = io.StringIO()
+    doctor.render(report, out)
+    return report, out.getvalue()
+
+
+def test_doctor_lists_nemo_and_lightning_and_speaks_nemo(monkeypatch) -> None:
+    """A NeMo 2 environment: nemo_toolkit and Lightning listed, the loop's stage / forced-sync /
+    pre-hook points named in NeMo's terms, every defect with its NeMo wording, and why NeMo 2 users
+    keep the defects (2.7 is the last NeMo with the LLM stack)."""
+    from mbridge_mxfp8_plugin import doctor
+    from mbridge_mxfp8_plugin.defects import NEMO_LAST_RELEASE, NEMO_TERMS
+
+    monkeypatch.setattr(doctor, "probe_bridge_files", lambda: None)  # NeMo's env has no Bridge
+    report, text = _doctor_text(monkeypatch, _NEMO2)
+    assert re.search(r"^  nemo_toolkit +2\.7\.3$", text, re.M), text
+    assert re.search(r"^  lightning +\S+$", text, re.M), text
+    assert report["nemo"]["llm_stack"] is True
+    assert "MegatronStrategy.save_checkpoint -> MegatronParallel.force_param_sync()" in text
+    assert "toggles the forward pre-hooks around validation: never" in text
+    assert "stages the fp32 main params before a forward: never" in text
+    assert NEMO_LAST_RELEASE in text and "nemo_toolkit 3.0 is NeMo Speech" in text
+    if report["defects"]:  # megatron-core installed: each defect also in NeMo's terms
+        for d, info in report["defects"].items():
+            assert info["nemo"] == NEMO_TERMS[d]
+            assert f"in NeMo 2: {NEMO_TERMS[d]}" in text
+        assert "on_megatron_microbatches_start" in report["defects"]["B2"]["plugin"]
+
+
+def test_doctor_without_nemo_keeps_bridge_terms(monkeypatch) -> None:
+    """No nemo_toolkit: listed as absent, and no NeMo wording (which would fail the NeMo test above
+    if doctor printed it unconditionally)."""
+    report, text = _doctor_text(monkeypatch, {})
+    assert report["nemo"] is None
+    assert re.search(r"^  nemo_toolkit +-$", text, re.M), text
+    assert "NeMo 2 loop" not in text and "in NeMo 2:" not in text
+    assert all("nemo" not in info for info in report["defects"].values())
+
+
+def test_doctor_on_nemo_speech_says_there_is_no_llm_stack(monkeypatch) -> None:
+    """nemo_toolkit 3.0 (NeMo Speech) has no NeMo 2 LLM loop: no NeMo-terms defect lines, and the
+    line saying that 2.7 was the last release with it."""
+    report, text = _doctor_text(monkeypatch, _NEMO_SPEECH)
+    assert report["nemo"]["llm_stack"] is False
+    assert "nemo_toolkit 3.0.0: NeMo Speech, no NeMo 2 LLM stack" in text
+    assert "NeMo 2.7 is the last NeMo with the LLM stack" in text
+    assert "in NeMo 2:" not in text and "NeMo 2 loop" not in text
