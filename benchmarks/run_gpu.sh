@@ -18,16 +18,16 @@ python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.d
 for stage in $STAGES; do
   case $stage in
     tier0161) PYTHONPATH=/tmp/core0161:/tmp/bridge031:. python3 -m pytest -m gpu -v -p no:cacheprovider \
-                tests/test_gpu_tier.py 2>&1 | tee "$OUT/gpu_tier_core0161.log" ;;
+                tests/gpu/test_gpu_tier.py 2>&1 | tee "$OUT/gpu_tier_core0161.log" ;;
     tier0192) PYTHONPATH=/tmp/core0192:/tmp/bridge062:. MXFP8_BRIDGE_LOOP=0.6.2 python3 -m pytest -m gpu -v \
-                -p no:cacheprovider tests/test_gpu_tier.py 2>&1 | tee "$OUT/gpu_tier_core0192.log" ;;
+                -p no:cacheprovider tests/gpu/test_gpu_tier.py 2>&1 | tee "$OUT/gpu_tier_core0192.log" ;;
     exits) for spec in core0161:bridge031: core0192:bridge062:0.5.1 core0192:bridge062:0.6.2; do
              IFS=: read -r core bridge loop <<< "$spec"
              echo "== megatron-core ${core#core}, Bridge loop ${loop:-0.3.1 + 0.4.2}"
              PYTHONPATH=/tmp/$core:/tmp/$bridge:. MXFP8_BRIDGE_LOOP=$loop python3 -m pytest -v -rs \
-               -p no:cacheprovider tests/test_exit_saves.py 2>&1
+               -p no:cacheprovider tests/ranks/test_exit_saves.py 2>&1
            done | tee "$OUT/gpu_exit_saves.log" ;;
-    real) # Megatron-Bridge's own pretrain() (tests/test_bridge_real.py) on NCCL. Wheels: .whl/realcommon
+    real) # Megatron-Bridge's own pretrain() (tests/bridge_real/test_bridge_real.py) on NCCL. Wheels: .whl/realcommon
           # (modelopt + deps, omegaconf), .whl/real031 (Bridge 0.3.1, transformers<5), .whl/real062
           # (Bridge 0.6.2, transformers 5.8.1 + tokenizers 0.22.2: the image's 0.23.2 is refused).
           # REAL_PAIRS picks the pairs (then only their wheel folders need to travel).
@@ -39,7 +39,7 @@ for stage in $STAGES; do
             IFS=: read -r core bridge <<< "$spec"
             echo "== megatron-core ${core#core}, ${bridge}"
             PYTHONPATH=/tmp/$bridge:/tmp/$core:/tmp/realcommon:. MXFP8_REAL_BRIDGE=require python3 -m pytest -v \
-              -p no:cacheprovider tests/test_bridge_real.py -k "${REAL_K:-not pipeline}" 2>&1
+              -p no:cacheprovider tests/bridge_real/test_bridge_real.py -k "${REAL_K:-not pipeline}" 2>&1
           done | tee "$OUT/gpu_bridge_real${REAL_LOG:-}.log" ;;
     bench) python3 benchmarks/eval_sync.py run --sizes "${SIZES:-1B,4B}" --nproc "${NPROC:-2}" --out "$OUT" \
                 --core 0.16.1=/tmp/core0161:/tmp/bridge031 --core 0.19.2=/tmp/core0192:/tmp/bridge062 \

@@ -3,7 +3,7 @@
 A leaf of the package so that the weight verifier (:mod:`mbridge_mxfp8_plugin.verify`) can
 quantize a reference where the param offers no quantizer of its own, without importing the test
 kit; the kit's emulated param (:mod:`mbridge_mxfp8_plugin.testing.emulated_mxfp8`) writes through
-the same function and re-exports it, so the two cannot drift. tests/test_emulation.py pins it on
+the same function and re-exports it, so the two cannot drift. tests/unit/test_emulation.py pins it on
 crafted blocks worked out from TE's kernel behaviour.
 
 The rule, per block of 32 consecutive elements along the last dimension:

@@ -1,6 +1,6 @@
 """``python -m mbridge_mxfp8_plugin.launch``: Bridge's recipe-script flow with the plugin switched on.
 
-The proof runs Megatron-Bridge's real ``pretrain()`` (2 gloo ranks, as tests/test_bridge_real.py)
+The proof runs Megatron-Bridge's real ``pretrain()`` (2 gloo ranks, as tests/bridge_real/test_bridge_real.py)
 three times in one rank launch (harness/bridge_real/launcher_job.py): the shipped recipe
 ``tiny_gpt_mxfp8_launch`` through the launcher, the same job built in Python with
 ``MXFP8ParamSyncCallback`` passed by hand, and the launcher with ``mxfp8_plugin.enabled=false``.

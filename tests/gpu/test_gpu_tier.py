@@ -1,6 +1,6 @@
 """GPU tier: the end-to-end Bridge-order runs on 2 GPUs with NCCL and no CPU shim.
 
-Run on a 2-GPU host with ``pytest -m gpu tests/test_gpu_tier.py`` (``benchmarks/run_gpu.sh`` does
+Run on a 2-GPU host with ``pytest -m gpu tests/gpu/test_gpu_tier.py`` (``benchmarks/run_gpu.sh`` does
 it for megatron-core 0.16.1 and 0.19.2). Everywhere else these tests are skipped with the reason
 shown in the pytest summary.
 """

@@ -1,6 +1,6 @@
 """A faithful replica of Megatron-Bridge's train/eval loop order, firing Bridge's real callbacks.
 
-Bridge's own ``pretrain()`` runs in the tests too (``tests/test_bridge_real.py``, on CPU through
+Bridge's own ``pretrain()`` runs in the tests too (``tests/bridge_real/test_bridge_real.py``, on CPU through
 ``harness.bridge_cpu``), and ``test_replica_loop_makes_the_same_calls_as_real_pretrain`` checks, for
 every Bridge release CI covers, that this replica and the real loop make the same calls in the same
 order (callback events, pre-hook toggles, forced syncs, main-param staging; recorded by

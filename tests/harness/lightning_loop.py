@@ -1,6 +1,6 @@
 """A real ``lightning.pytorch.Trainer`` driving megatron-core DDP + distributed optimizer, NeMo-2 style.
 
-NeMo 2's real stack runs on CPU too (tests/test_nemo_real.py, the NeMo tier: nemo_toolkit 2.7.3,
+NeMo 2's real stack runs on CPU too (tests/nemo/test_nemo_real.py, the NeMo tier: nemo_toolkit 2.7.3,
 megatron-core 0.15.3, Lightning 2.4.0, ~20 s of setup per rank before a step). This replica orders
 the operations that decide whether MXFP8 weights are right the way NeMo does (references are to
 ``nemo/lightning`` of nemo_toolkit 2.7.3):
@@ -16,7 +16,7 @@ the operations that decide whether MXFP8 weights are right the way NeMo does (re
   chunk, pre-hooks untouched) before the weights are read. NeMo's ``ModelCheckpoint`` saves the
   step that reaches ``max_steps`` weights-only, for which Lightning fires no ``on_save_checkpoint``.
 
-tests/test_nemo_real.py asserts that the ``nemo_real`` order records the same hooks, NeMo events,
+tests/nemo/test_nemo_real.py asserts that the ``nemo_real`` order records the same hooks, NeMo events,
 pre-hook toggles and forced param syncs, at the same steps, as the real stack
 (:func:`make_event_recorder`, :func:`record_param_syncs`). The replica is kept for what the real
 stack cannot do here: run in the main suite and the release matrix (core 0.14 ... 0.19; NeMo 2.7.3
@@ -72,7 +72,7 @@ def make_event_recorder(events: list[str]) -> Any:
 
     Also NeMo's ``on_megatron_microbatches_start`` (``"microbatches[train|eval]@step"``), which the
     real ``MegatronParallel`` and this replica fire to every callback defining it. Used to assert
-    that the replica's NeMo order is the real stack's (tests/test_nemo_real.py).
+    that the replica's NeMo order is the real stack's (tests/nemo/test_nemo_real.py).
     """
     import lightning.pytorch as pl
 
@@ -152,7 +152,7 @@ ORDERS: dict[str, LoopOrder] = {
     "nemo": LoopOrder("nemo"),
     # NeMo 2 with a checkpoint save right before each validation and the sanity check.
     "nemo_save_sanity": LoopOrder("nemo_save_sanity", save_every=3, num_sanity_val_steps=2),
-    # The configuration tests/test_nemo_real.py runs on NeMo's real stack: fit with a save every 3
+    # The configuration tests/nemo/test_nemo_real.py runs on NeMo's real stack: fit with a save every 3
     # steps (the last one weights-only), then test.
     "nemo_real": LoopOrder("nemo_real", save_every=3),
     # A user loop that stages like Bridge but validates with pre-hooks on (NeMo's validation).

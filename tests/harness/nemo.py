@@ -1,4 +1,4 @@
-"""NeMo 2's real Lightning stack on 2 CPU gloo ranks: the test-only harness of tests/test_nemo_real.py.
+"""NeMo 2's real Lightning stack on 2 CPU gloo ranks: the test-only harness of tests/nemo/test_nemo_real.py.
 
 Everything that trains is NeMo's and megatron-core's own code, nothing is stubbed: ``nl.Trainer``
 with ``nl.MegatronStrategy``, ``llm.GPTModel`` (a tiny ``llm.GPTConfig``; without Transformer Engine

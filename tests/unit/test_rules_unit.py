@@ -1,6 +1,6 @@
 """Each config rule alone, through the public ``validate_config(mapping, installed=...)``.
 
-tests/test_validate.py shows every rule fires on its violation; this tier adds that each
+tests/unit/test_validate.py shows every rule fires on its violation; this tier adds that each
 violation trips *its* rule and leaves every other rule's status as it was, so a finding names
 the knob the user got wrong and nothing else. The recipe is an in-memory mapping (the shipped tiny
 recipe as YAML reads it, overrides applied here), so nothing but the rules is under test.

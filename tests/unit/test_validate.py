@@ -39,7 +39,7 @@ def test_shipped_recipes_pass_every_rule(recipe, installed):
 
 
 def test_every_rule_has_a_violation_case():
-    """The hazard rules' cases need a release pair that is exposed: tests/test_hazards.py (real
+    """The hazard rules' cases need a release pair that is exposed: tests/unit/test_hazards.py (real
     containers, every matrix cell) and tests/unit/test_rules_unit.py (both kinds of pair)."""
     assert {c.rule for c in CASES} | set(HAZARDS) == {r.id for r in RULES}
 
