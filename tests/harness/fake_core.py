@@ -229,3 +229,19 @@ def make_job(release: Release, *, groups: int = 2, overlap: bool = True) -> Job:
     chunk = Chunk(release, made, buffers, ddp_config)
     opt_config = SimpleNamespace(reuse_grad_buf_for_mxfp8_param_ag=True, overlap_param_gather=overlap)
     return Job(release, chunk, DistOpt([chunk], mains, opt_config), made)
+
+
+class BucketlessChunk:
+    """megatron-core's DDP chunk as the entry points' discovery sees it: the ``ddp_config`` knobs of
+    the mode (reuse + distributed optimizer + overlapped gather by default) and no buckets, so an
+    engine builds on it and has nothing to copy or gather."""
+
+    def __init__(self, reuse: bool = True) -> None:
+        self.ddp_config = SimpleNamespace(
+            reuse_grad_buf_for_mxfp8_param_ag=reuse,
+            use_distributed_optimizer=True,
+            overlap_param_gather=True,
+            use_megatron_fsdp=False,
+        )
+        self.buffers: list[Buffer] = []
+        self.bucket_groups: list[BucketGroup] = []
