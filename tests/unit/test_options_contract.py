@@ -1,8 +1,8 @@
 """One options contract for the three entry points (Bridge callback, Lightning callback, loop API).
 
-Single process: a duck-typed megatron-core DDP chunk in the affected mode (reuse + distributed
-optimizer + overlap, no buckets) is enough for an entry point to build its engine, so each
-``enabled=False`` test has a control in which the same calls do build one and record events.
+Single process: a stand-in for megatron-core's DDP chunk (harness.fake_core) in the affected mode
+(reuse + distributed optimizer + overlap, no buckets) is enough for an entry point to build its
+engine, so each ``enabled=False`` test has a control in which the same calls do build one and record events.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+from harness.fake_core import BucketlessChunk
 
 from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback, MXFP8UsageError, PluginOptions, mxfp8_param_sync
 
@@ -27,17 +28,6 @@ BRIDGE_HOOKS = (
 )
 
 
-class _Chunk:
-    """Duck-types megatron-core DDP in reuse mode with no buckets (nothing to copy or gather)."""
-
-    def __init__(self) -> None:
-        self.ddp_config = SimpleNamespace(
-            reuse_grad_buf_for_mxfp8_param_ag=True, use_distributed_optimizer=True, overlap_param_gather=True
-        )
-        self.buffers: list = []
-        self.bucket_groups: list = []
-
-
 def _disabled_lines(caplog) -> int:
     return sum("disabled" in r.getMessage() for r in caplog.records)
 
@@ -45,7 +35,7 @@ def _disabled_lines(caplog) -> int:
 @pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
 def test_bridge_callback_is_inert_when_disabled(caplog, enabled):
     cb = MXFP8ParamSyncCallback(PluginOptions(enabled=enabled))
-    context = SimpleNamespace(model=[_Chunk()], optimizer=None, state=None)
+    context = SimpleNamespace(model=[BucketlessChunk()], optimizer=None, state=None)
     with caplog.at_level(logging.INFO, logger="mbridge_mxfp8_plugin"):
         for hook in BRIDGE_HOOKS * 2:
             getattr(cb, hook)(context)
@@ -61,7 +51,7 @@ def test_lightning_callback_is_inert_when_disabled(caplog, enabled):
     pytest.importorskip("lightning")
     from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
 
-    chunk = _Chunk()
+    chunk = BucketlessChunk()
     cb = MXFP8ParamSyncLightningCallback(PluginOptions(enabled=enabled), model_getter=lambda t, m: [chunk])
     trainer = SimpleNamespace(optimizers=[], max_steps=-1)
     with caplog.at_level(logging.INFO, logger="mbridge_mxfp8_plugin"):
@@ -86,7 +76,7 @@ def test_lightning_callback_is_inert_when_disabled(caplog, enabled):
 
 @pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
 def test_loop_api_is_inert_when_disabled(caplog, enabled):
-    chunk = _Chunk()
+    chunk = BucketlessChunk()
     with caplog.at_level(logging.INFO, logger="mbridge_mxfp8_plugin"):
         sync = mxfp8_param_sync(chunk, None, PluginOptions(enabled=enabled))
         calls = [sync.step_started, sync.before_eval, sync.after_eval, sync.before_save]
@@ -117,7 +107,7 @@ def test_lightning_callback_takes_options_first_and_positionally():
 
 
 def test_loop_api_refuses_different_options_for_the_same_chunks():
-    chunk = _Chunk()
+    chunk = BucketlessChunk()
     first = mxfp8_param_sync([chunk], None, PluginOptions(validate=False))
     # The documented second call (save_checkpoint_and_time) names no options: the same object.
     assert mxfp8_param_sync([chunk], None) is first
@@ -191,7 +181,7 @@ def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
 
     monkeypatch.setattr(verify, "verify_weights", fake_verify)
     monkeypatch.setattr(adapter, "distributed_optimizers", lambda opt: [opt])
-    chunk, optimizer = _Chunk(), object()
+    chunk, optimizer = BucketlessChunk(), object()
     assert MXFP8ParamSyncCallback(PluginOptions(strict=strict))._verify("eval", [chunk], optimizer) is None
     assert calls == []  # option off: control
     cb = MXFP8ParamSyncCallback(
