@@ -133,3 +133,41 @@ def option_types() -> dict[str, Any]:
     """Option name -> type, for the ``mxfp8_plugin:`` section's schema."""
     hints = {"bool": bool, "int | None": int | None, "float": float}
     return {f.name: hints[str(f.type)] for f in dataclasses.fields(PluginOptions)}
+
+
+def option_docs() -> dict[str, str]:
+    """Option name -> its field docstring, read from this file's source with ``ast``.
+
+    The docstrings under the fields are the one description of each option: ``help(PluginOptions)``
+    shows them (appended to the class docstring below) and the docs' option tables are rendered
+    from them. Empty where the source is not shipped (a ``.pyc``-only install).
+    """
+    import ast
+    from pathlib import Path
+
+    try:
+        tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return {}
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == PluginOptions.__name__)
+    docs = {}
+    for node, after in zip(cls.body[:-1], cls.body[1:], strict=True):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _with_option_docs(doc: str | None) -> str:
+    # help() shows __doc__; the field docstrings are no attributes, so fold them in once here.
+    defaults = {f.name: f.default for f in dataclasses.fields(PluginOptions)}
+    lines = [f"{name} (default {defaults[name]!r}): {text}" for name, text in option_docs().items()]
+    return (doc or "").rstrip() + "\n\nOptions:\n\n" + "\n\n".join(lines) + "\n"
+
+
+PluginOptions.__doc__ = _with_option_docs(PluginOptions.__doc__)

@@ -1,8 +1,9 @@
 """The README is a front page that the code does not contradict.
 
 What is checked here is what drifts silently: the two set-up commands CI and users start from, the
-length budget, the defect and hazard tables (rendered from :mod:`mbridge_mxfp8_plugin.defects`,
-the table ``doctor`` prints), the shipped recipe names and options it lists, and its links.
+length budget, the shipped recipe names and options it lists, and its links. Its rendered blocks
+(the defect and hazard tables ``doctor`` prints, options, figures) are checked with every other
+doc's in ``test_docs.py``.
 """
 
 from __future__ import annotations
@@ -10,18 +11,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mbridge_mxfp8_plugin.defects import DEFECTS, HAZARDS
 from mbridge_mxfp8_plugin.options import option_types
 from mbridge_mxfp8_plugin.recipe_files import shipped_recipes
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
-
-
-def _block(name: str) -> list[str]:
-    m = re.search(rf"<!-- {name}:begin -->\n(.*?)<!-- {name}:end -->", README, re.S)
-    assert m, f"README has no {name} block"
-    return [line for line in m.group(1).splitlines() if line.strip()]
 
 
 def test_starts_with_exactly_two_setup_commands() -> None:
@@ -38,18 +32,6 @@ def test_starts_with_exactly_two_setup_commands() -> None:
 
 def test_front_page_length() -> None:
     assert len(README.split()) <= 2000
-
-
-def test_defect_table_is_doctors() -> None:
-    rows = _block("defects")[2:]
-    expected = [f"| **{d.id}** | {d.symptom} | {d.fixed_in} |" for d in DEFECTS.values()]
-    assert rows == expected
-
-
-def test_hazard_table_is_doctors() -> None:
-    rows = _block("hazards")[2:]
-    expected = [f"| {h.id} | {h.title} | {h.fixed_in} |" for h in HAZARDS.values()]
-    assert rows == expected
 
 
 def test_every_yaml_option_is_a_plugin_option_and_back() -> None:
