@@ -2,7 +2,11 @@
 
 Public API. Importing this package imports nothing heavy: each name below is loaded on first
 use (PEP 562), so ``mxfp8-plugin check`` and ``doctor`` on a login node never pay for torch or
-megatron-core, and neither Megatron-Bridge nor Lightning is imported by the package at all.
+megatron-core. No name here imports Megatron-Bridge or Lightning (the Bridge callback is
+duck-typed for Bridge's ``CallbackManager``); only the modules that need them do, when used:
+``mbridge_mxfp8_plugin.lightning`` imports Lightning, and the launcher and the recipe helpers
+(``launch``, ``recipes``, ``config.read``) import Bridge's ``pretrain``, recipes and OmegaConf
+utilities when they run.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The loop-agnostic API: four calls for any training loop that has no callback system.
+"""The loop-agnostic API: the calls a training loop with no callback system adds where it syncs.
 
 Megatron-LM's own ``megatron/training/training.py`` (what ``pretrain_gpt.py`` runs) has no
 callbacks, so the fixes are called where the loop forces its param syncs. The lines to add, for
