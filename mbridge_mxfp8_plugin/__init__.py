@@ -56,7 +56,7 @@ _WHERE = {
     "PluginOptions": "options",
     "validate_config": "config.validate",
     "ValidationReport": "config.validate",
-    "ensure_weights_current": "verify",
+    "ensure_weights_current": "ensure",
     "verify_weights": "verify",
     "WeightReport": "verify",
 }
@@ -66,11 +66,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .bridge import MXFP8ParamSyncCallback
     from .buckets import AlignmentReport, check_bucket_alignment
     from .config.validate import ValidationReport, validate_config
+    from .ensure import ensure_weights_current
     from .errors import MXFP8AlignmentError, MXFP8ConfigError, MXFP8PluginError, MXFP8UsageError
     from .options import PluginOptions
     from .probes import CoreBehaviour, probe_core
     from .sync import ParamSyncEngine, SyncStats
-    from .verify import WeightReport, ensure_weights_current, verify_weights
+    from .verify import WeightReport, verify_weights
 
 
 def __getattr__(name: str) -> Any:

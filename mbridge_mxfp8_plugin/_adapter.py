@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._log import log_rank_zero
 from .buckets import is_megatron_ddp
+from .chunks import find_model_chunks
 from .config.validate import ValidationReport, validate_config
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .plan import distributed_optimizers, reuse_mode_active
 from .sync import ParamSyncEngine, SyncStats
-from .verify import find_model_chunks
 
 if TYPE_CHECKING:  # pragma: no cover
     from .verify import WeightReport

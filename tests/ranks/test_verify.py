@@ -97,7 +97,7 @@ def _forced_sync(job: Any) -> None:
 
 def _stale_and_ensure(out: dict[str, Any]) -> None:
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin.verify import ensure_weights_current, verify_weights
+    from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
 
     job = build_job(ToyConfig())
     out["init"] = verify_weights(job.model, job.optimizer, event="init")
@@ -135,7 +135,7 @@ def _case_b(mode: str) -> dict[str, Any]:
     from mbridge_mxfp8_plugin.sync import ParamSyncEngine
     from mbridge_mxfp8_plugin.testing.megatron_lm_loop import train_step
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin.verify import verify_weights
+    from mbridge_mxfp8_plugin import verify_weights
 
     job = build_job(ToyConfig())
     sync = mxfp8_param_sync(job.model, job.optimizer) if mode == "on" else None
@@ -168,7 +168,7 @@ def _case_a(mode: str) -> dict[str, Any]:
     """Training forwards whose copy-back reads ``param_to_index``: unrepaired (off) / the API (on)."""
     from mbridge_mxfp8_plugin import check_bucket_alignment, mxfp8_param_sync
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin.verify import verify_weights
+    from mbridge_mxfp8_plugin import verify_weights
 
     job = build_job(ToyConfig())
     misindexed = {m.param for m in check_bucket_alignment(job.model, repair=False).mismatches}
@@ -188,7 +188,7 @@ def _case_c(mode: str) -> dict[str, Any]:
     from mbridge_mxfp8_plugin import mxfp8_param_sync
     from mbridge_mxfp8_plugin.sync import ParamSyncEngine
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin.verify import verify_weights
+    from mbridge_mxfp8_plugin import verify_weights
 
     job = build_job(ToyConfig())
     sync = mxfp8_param_sync(job.model, job.optimizer) if mode == "on" else None
@@ -214,7 +214,7 @@ def _case_expert() -> dict[str, Any]:
     """Expert-parallel params (their own buffers and data-parallel group), plugin on via the API."""
     from mbridge_mxfp8_plugin import mxfp8_param_sync
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin.verify import verify_weights
+    from mbridge_mxfp8_plugin import verify_weights
 
     job = build_job(ToyConfig(expert_layers=(1,)))
     sync = mxfp8_param_sync(job.model, job.optimizer)
@@ -233,7 +233,8 @@ def _case_sampling() -> dict[str, Any]:
     that is a multiple of 32, one whose rows end in a short block)."""
     from mbridge_mxfp8_plugin.options import DEFAULT_VERIFY_SAMPLE
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin.verify import _owned_shards, ensure_weights_current, verify_weights
+    from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
+    from mbridge_mxfp8_plugin.verify.weights import _owned_shards
 
     job = build_job(ToyConfig(dims=(32, 45, 96, 45, 10)))
     _train(job, ITERS)

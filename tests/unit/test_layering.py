@@ -36,10 +36,12 @@ LAYERS: dict[str, int] = {
     "config": 3,
     # the runtime column: copy planning, the engine, the weight verifier
     "plan": 3,
+    "chunks": 3,  # finding the DDP chunks behind a caller's wrappers
     "sync": 4,
-    "verify": 5,
+    "verify": 4,  # the weight check: reads only, beside the engine, never importing it
     # where the two columns meet: what every adapter shares, incl. the train-start config check
     "_adapter": 6,
+    "ensure": 6,  # ensure_weights_current: a repair on demand, through the engine
     # adapters: events -> engine calls
     "bridge": 7,
     "lightning": 7,

@@ -1,0 +1,187 @@
+"""``verify_weights``: one call, on every rank at the same point; reads, never writes."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ..chunks import model_chunks as _model_chunks
+from ..options import DEFAULT_VERIFY_SAMPLE
+from ..plan import distributed_optimizers
+from .read import Reader, reader_for
+from .replica import fold_sources, group_size, reduce_folds, row_sums
+from .report import WeightReport
+from .shard import BYTES_PER_ELEMENT, Owned, ShardCheck, stride_of
+
+__all__ = ["verify_weights"]
+
+#: The check's extra memory: at least this, or ``_BUDGET_FRACTION`` of the param bytes the rank
+#: holds where that is more (a large model's batches may be larger; nothing else grows with it).
+_BUDGET_BYTES = 64 << 20
+_BUDGET_FRACTION = 0.01
+
+#: Calls so far in this process: the default rotation of the sampled blocks.
+_CALLS = itertools.count()
+
+
+def _owned_shards(optimizer: Any) -> tuple[dict[Any, Owned], str]:
+    """param -> its main shard and range, for every param this rank's optimizers own a shard of."""
+    owned: dict[Any, Owned] = {}
+    try:
+        for opt in distributed_optimizers(optimizer):
+            for mains, params in zip(
+                opt.shard_fp32_from_float16_groups, opt.model_float16_groups, strict=True
+            ):
+                for main, param in zip(mains, params, strict=True):
+                    rng = opt._get_model_param_range_map(param)["param"]
+                    gbuf_index, _, bucket_id = opt.model_param_gbuf_map[param]
+                    data = opt.buffers[gbuf_index].buckets[bucket_id].param_data
+                    owned[param] = Owned(main, rng.start, rng.end, None if data is None else data.dtype)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        return owned, f"optimizer layout not readable ({type(exc).__name__}: {exc}); shard check partial"
+    return owned, ""
+
+
+def _buffer_params(chunks: list[Any]) -> Iterator[tuple[Any, Any]]:
+    """(the chunk's data-parallel group for the param's buffer, param) in buffer order."""
+    for chunk in chunks:
+        for expert, buffers in (
+            (False, chunk.buffers),
+            (True, getattr(chunk, "expert_parallel_buffers", [])),
+        ):
+            wanted = "expt_dp_group" if expert else "dp_cp_group"
+            for buffer in buffers:
+                group = getattr(chunk, wanted, None) or getattr(buffer, "data_parallel_group", None)
+                for bucket in buffer.buckets:
+                    for param in bucket.params_list:
+                        yield group, param
+
+
+def _groups(chunk: Any) -> list[Any]:
+    return list(chunk.bucket_groups) + list(getattr(chunk, "expert_parallel_bucket_groups", []))
+
+
+def _unchecked_reason(param: Any, own: Owned, fp8: bool, mxfp8: bool) -> str:
+    if own.main is None:
+        return "main params live inside the optimizer (precision-aware)"
+    if fp8 and not mxfp8:
+        return "per-tensor FP8 scale spans every rank's shard"
+    return ""
+
+
+def _batch_elements(chunks: list[Any]) -> int:
+    held = sum(p.numel() * p.element_size() for _, p in _buffer_params(chunks))
+    return int(max(_BUDGET_BYTES, _BUDGET_FRACTION * held)) // BYTES_PER_ELEMENT
+
+
+def verify_weights(
+    model_chunks: Sequence[Any] | Any,
+    optimizer: Any,
+    *,
+    event: str,
+    atol: float = 0.0,
+    max_names: int = 5,
+    sample: float = DEFAULT_VERIFY_SAMPLE,
+    offset: int | None = None,
+) -> WeightReport:
+    """Check that the params equal their quantized fp32 main params, and that replicas agree.
+
+    Call it on every rank of the job at the same point (it issues one all-reduce per
+    data-parallel group), where the weights are meant to be current: after a forced param sync
+    and whatever the loop or the plugin does after it, after a checkpoint load, at the end of
+    training. Between an optimizer step and the next forward they are not (the gather comes
+    with that forward; :func:`~mbridge_mxfp8_plugin.ensure_weights_current` brings it forward).
+    Reads only: it works whether or not the plugin is active. ``atol`` 0 means exact: both sides
+    take the same rounding path. ``event`` names the moment in the report and the error.
+
+    ``sample`` is the fraction of 32-element blocks compared (and of 4096-element rows folded
+    for the replica check): every ``round(1/sample)``-th block of each owned slice, at least
+    one per param. The defects this guards against (a shifted slice, stale weights, gradients
+    read as weights, drifted replicas) change nearly every block, so a sample finds them at a
+    fraction of the cost; a corruption of a few blocks is found within ``round(1/sample)``
+    calls, because the sampled phase rotates with ``offset`` (default: this process's call
+    count, the same on every rank as long as every rank makes the same calls). ``sample=1.0``
+    compares every block.
+    """
+    t0 = time.perf_counter()
+    stride = stride_of(sample)
+    if offset is None:
+        offset = next(_CALLS)
+    report = WeightReport(event=event, sample=1.0 / stride)
+    chunks = _model_chunks(model_chunks)
+    owned, report.note = _owned_shards(optimizer)
+    if any(g.param_gather_handle is not None for ch in chunks for g in _groups(ch)):
+        report.note = (report.note + "; " if report.note else "") + (
+            "a param all-gather is in flight: this describes the weights before it lands"
+        )
+    check = ShardCheck(report, atol, stride, offset, _batch_elements(chunks))
+    hashes: dict[int, tuple[Any, list[list[torch.Tensor]], list[str]]] = {}
+    device = _walk(chunks, owned, check, hashes, stride, offset)
+    check.finish(max_names)
+    report.params_hashed = sum(len(v[1]) for v in hashes.values())
+    reduce_folds(hashes, report, max_names, device)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _walk(
+    chunks: list[Any],
+    owned: dict[Any, Owned],
+    check: ShardCheck,
+    hashes: dict[int, tuple[Any, list[list[torch.Tensor]], list[str]]],
+    stride: int,
+    offset: int,
+) -> Any:
+    """Queue every owned param's blocks for the shard check and fold every replicated param;
+    returns the device the folds live on."""
+    from megatron.core import fp8_utils
+
+    names = {
+        p: (f"{c}." if len(chunks) > 1 else "") + n
+        for c, ch in enumerate(chunks)
+        for n, p in ch.named_parameters()
+    }
+    sizes: dict[int, int] = {}
+    device: Any = None
+    with torch.no_grad():  # views of params and main shards, no autograd bookkeeping
+        for group, param in _buffer_params(chunks):
+            if id(group) not in sizes:
+                sizes[id(group)] = group_size(group)
+            replicated = sizes[id(group)] > 1  # a group of one has no replica: no fold
+            if param not in owned and not replicated:
+                continue
+            name = names.get(param) or f"<param {tuple(param.shape)}>"
+            rows: list[torch.Tensor] = []
+            try:
+                fp8 = fp8_utils.is_float8tensor(param)
+                mxfp8 = fp8_utils.is_mxfp8tensor(param)
+                reader: Reader | str = reader_for(param) if fp8 else Reader(_plain(param))
+                own = owned.get(param)
+                if own is not None:
+                    reason = _unchecked_reason(param, own, fp8, mxfp8)
+                    reason = reason or (reader if isinstance(reader, str) else "")
+                    if reason:
+                        check.report.unchecked.append(f"{name}: {reason}")
+                    else:
+                        check.add(name, param, reader, own, mxfp8)  # type: ignore[arg-type]
+                if replicated:
+                    source = fold_sources(param, reader) if isinstance(reader, Reader) else [_plain(param)]
+                    device = source[0].device
+                    rows = row_sums(source, stride, offset)
+            except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce
+                check.report.unchecked.append(f"{name}: {type(exc).__name__}: {exc}")
+            if replicated:
+                entry = hashes.setdefault(id(group), (group, [], []))
+                entry[1].append(rows)
+                entry[2].append(name)
+    return device
+
+
+def _plain(param: Any) -> torch.Tensor:
+    """The param's storage as a plain flat tensor (no subclass dispatch on the views taken)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.reshape(param.detach(), -1)
