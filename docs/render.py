@@ -16,6 +16,7 @@ so the prose around a block stays its author's.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 import sys
@@ -240,6 +241,28 @@ def plugin_full() -> str:
     return ", ".join(f"{_ms([r['plugin_full_plainquant_s'] for r in _rows(s)])} at {s}" for s in ("1B", "4B"))
 
 
+def layers_table() -> str:
+    """The import layers ``tests/unit/test_layering.py`` enforces, lowest first."""
+    spec = importlib.util.spec_from_file_location("_layering", ROOT / "tests" / "unit" / "test_layering.py")
+    assert spec and spec.loader
+    layering = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layering)
+    by_layer: dict[int, list[str]] = {}
+    for module, layer in layering.LAYERS.items():
+        by_layer.setdefault(layer, []).append(module)
+    same = set(layering.SAME_LAYER_OK)
+    rows = ["| layer | modules (a package: every module under it) | imports allowed from |", "|---:|---|---|"]
+    for layer in sorted(by_layer):
+        names = ", ".join(f"`{m}/`" if (ROOT / "mbridge_mxfp8_plugin" / m).is_dir() else f"`{m}`"
+                          for m in sorted(by_layer[layer]))
+        inside = sorted(m for m in by_layer[layer] if m in same)
+        allowed = f"layers < {layer}" if layer else "nothing of the package"
+        if inside:
+            allowed += "; inside " + ", ".join(f"`{m}/`" for m in inside) + " also its own layer"
+        rows.append(f"| {layer} | {names} | {allowed} |")
+    return "\n".join(rows) + "\n"
+
+
 #: doc -> block name -> renderer. Inline blocks (a number inside a sentence) end without "\n".
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "README.md": {
@@ -262,6 +285,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "plugin-full": plugin_full,
     },
     "docs/verify.md": {"verify-ratio": verify_ratio},
+    "docs/layout.md": {"layers": layers_table},
 }
 
 
