@@ -12,6 +12,7 @@ import difflib
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -19,6 +20,7 @@ import yaml
 __all__ = [
     "DTYPE",
     "DtypeCheck",
+    "EnumType",
     "closest",
     "describe_type",
     "example_value",
@@ -37,6 +39,29 @@ class _Dtype:
 
 
 DTYPE: Any = _Dtype()
+
+
+@dataclass(frozen=True)
+class EnumType:
+    """An enum-typed field, described by its members (read from source, never imported).
+
+    What OmegaConf accepts for a field whose value is an enum member, which is what Bridge's
+    override merge does with it: a member name (``flash`` or ``AttnBackend.flash``), or an
+    integer value of an int enum.
+    """
+
+    name: str
+    members: tuple[str, ...]
+    values: tuple[Any, ...] = ()
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return False
+        if isinstance(value, str):
+            name = value.removeprefix(f"{self.name}.")
+            return name in self.members or value in self.values
+        return isinstance(value, int) and value in self.values
+
 
 #: value -> None if it names a dtype, else what was expected.
 DtypeCheck = Callable[[Any], "str | None"]
@@ -64,6 +89,10 @@ def example_value(annotation: Any) -> str:
     """A YAML literal of the right type, for fix snippets."""
     if annotation is DTYPE:
         return "bfloat16"
+    if isinstance(annotation, EnumType) and annotation.members:
+        return annotation.members[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        return yaml_literal(typing.get_args(annotation)[0])
     args = [a for a in _union_args(annotation) or () if a is not type(None)]
     if args:
         return example_value(args[0])
@@ -83,6 +112,10 @@ def describe_type(annotation: Any) -> str:
         return " or ".join(names) + (" or null" if type(None) in args else "")
     if annotation in _NAMES:
         return _NAMES[annotation]
+    if isinstance(annotation, EnumType):
+        return f"one of {annotation.name}'s members: {', '.join(annotation.members)}"
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
     return f"a {getattr(annotation, '__name__', None) or annotation}"
 
 
@@ -101,11 +134,18 @@ def type_problem(value: Any, annotation: Any, dtype_check: DtypeCheck | None = N
     if args is not None:
         if any(type_problem(value, a, dtype_check) is None for a in args):
             return None
-        return describe_type(annotation)
+        return describe_type(annotation) + _did_you_mean(value, args)
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         choices = typing.get_args(annotation)
-        return None if value in choices else "one of " + ", ".join(repr(a) for a in choices)
+        ok = value in choices and type(value) in {type(c) for c in choices}
+        return None if ok else describe_type(annotation) + _did_you_mean(value, (annotation,))
+    if isinstance(annotation, EnumType):
+        return (
+            None
+            if annotation.accepts(value)
+            else describe_type(annotation) + _did_you_mean(value, (annotation,))
+        )
     if annotation is type(None):
         return None if value is None else "null"
     if annotation is bool:
@@ -126,6 +166,19 @@ def type_problem(value: Any, annotation: Any, dtype_check: DtypeCheck | None = N
     if origin is dict or annotation is dict:
         return None if isinstance(value, Mapping) else "a mapping"
     return None  # callables, enums, nested configs: not something a YAML knob check can judge
+
+
+def _did_you_mean(value: Any, members: Iterable[Any]) -> str:
+    """' (did you mean X?)' for a misspelt enum or literal value (``mxfp9`` -> ``mxfp8``)."""
+    if not isinstance(value, str):
+        return ""
+    names: list[str] = []
+    for m in members:
+        if isinstance(m, EnumType):
+            names += m.members
+        elif typing.get_origin(m) is typing.Literal:
+            names += [str(c) for c in typing.get_args(m) if isinstance(c, str)]
+    return suggest(value, names) if names else ""
 
 
 def plain_data(value: Any) -> Any:

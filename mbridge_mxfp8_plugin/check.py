@@ -1,18 +1,22 @@
-"""``mxfp8-plugin check RECIPE.yaml [dotted.key=value ...] [--dp-size N] [--json]``.
+"""``mxfp8-plugin check RECIPE.yaml [dotted.key=value ...] [--recipe NAME] [--dp-size N] [--json]``.
 
 Meant for a login node or CI, before a job is queued: needs neither GPUs nor Transformer
 Engine nor an importable Megatron-Bridge, and imports neither torch nor megatron-core (the
 installed releases are read from their files). The recipe is read with Megatron-Bridge's own
-readers, OmegaConf and Hydra's override grammar (:mod:`.config.read`). Exit codes: 0 no
-errors (warnings allowed unless ``--fail-on-warning``), 1 the config has errors, 2 the input
-could not be read. Never a
-traceback for bad input: every message names the file or knob and says what was expected.
+readers, OmegaConf and Hydra's override grammar (:mod:`.config.read`). ``--recipe`` names the
+Bridge recipe function the file is merged onto, read from its source: the model provider class
+it builds (so a key that is not one of its fields is an error, not a warning) and the model
+knobs it sets (experts: MoE). Exit codes: 0 no errors (warnings allowed unless
+``--fail-on-warning``, rules that could not judge allowed unless ``--fail-on-unchecked``), 1 the
+config has errors, 2 the input could not be read. Never a traceback for bad input: every
+message names the file or knob and says what was expected.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any, TextIO
 
@@ -23,10 +27,15 @@ __all__ = ["add_check_parser", "run_check"]
 EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE = 0, 1, 2
 
 
+#: A Hydra override's key: dotted identifiers (``+``/``++`` to add, ``~`` to delete).
+_OVERRIDE_KEY = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*$")
+
+
 def _override(text: str) -> str:
-    """An argparse ``type``: Hydra's override forms, so a stray word is named here in one line
-    instead of surfacing as a lexer error from deep inside Hydra."""
-    if "=" in text.lstrip("+~") or text.startswith("~"):
+    """An argparse ``type``: Hydra's override forms, so a stray word or an empty key (``=``) is
+    named here in one line (exit 2) instead of reaching Hydra, which would add a key named ''."""
+    key, eq, _ = text.partition("=")
+    if (eq or key.startswith("~")) and _OVERRIDE_KEY.match(key):
         return text
     raise argparse.ArgumentTypeError(
         f"{text!r} is not an override: expected dotted.key=value (or +key=value to add, ~key to delete)"
@@ -59,8 +68,21 @@ def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="data-parallel size, for the padding rule",
     )
+    parser.add_argument(
+        "--recipe",
+        dest="base_recipe",
+        default=None,
+        metavar="NAME",
+        help="the Bridge recipe function the file is merged onto (e.g. qwen3_30b_a3b_pretrain_config, "
+        "or its dotted path): its model class and the model knobs it sets are read from its source",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--fail-on-warning", action="store_true", help="exit 1 on warnings too (for CI)")
+    parser.add_argument(
+        "--fail-on-unchecked",
+        action="store_true",
+        help="exit 1 when any rule could not judge the config (n/a), e.g. a knob the base recipe decides",
+    )
     parser.set_defaults(func=_cmd_check)
     return parser
 
@@ -72,6 +94,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         dp_size=args.dp_size,
         as_json=args.json,
         fail_on_warning=args.fail_on_warning,
+        fail_on_unchecked=args.fail_on_unchecked,
+        recipe_name=args.base_recipe,
     )
 
 
@@ -82,6 +106,8 @@ def run_check(
     dp_size: int | None = None,
     as_json: bool = False,
     fail_on_warning: bool = False,
+    fail_on_unchecked: bool = False,
+    recipe_name: str | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
     installed: Any = None,
@@ -96,11 +122,29 @@ def run_check(
     if dp_size is not None and dp_size < 1:
         _emit_unreadable(f"--dp-size must be >= 1, got {dp_size}", as_json, out, err)
         return EXIT_UNREADABLE
+    bad = [o for o in overrides or () if not _is_override(o)]
+    if bad:
+        _emit_unreadable(f"{bad[0]!r} is not an override: expected dotted.key=value", as_json, out, err)
+        return EXIT_UNREADABLE
     try:
         recipe_input = read_recipe_file(resolve_recipe(recipe), overrides or ())
     except RecipeError as exc:
         _emit_unreadable(str(exc), as_json, out, err)
         return EXIT_UNREADABLE
+    base = None
+    if recipe_name is not None:
+        from .probes.recipe_source import find_recipe
+
+        base = find_recipe(recipe_name)
+        if base is None:
+            _emit_unreadable(
+                f"--recipe {recipe_name}: no recipe function of that name in the installed "
+                "Megatron-Bridge (megatron/bridge/recipes); give its name or dotted path",
+                as_json,
+                out,
+                err,
+            )
+            return EXIT_UNREADABLE
     from .config.validate import validate_config
 
     try:
@@ -110,6 +154,7 @@ def run_check(
             strict=False,
             installed=installed,
             skipped=recipe_input.not_checked(),
+            base_recipe=base,
         )
     except MXFP8PluginError as exc:  # pragma: no cover - read_config raises only for programming errors
         _emit_unreadable(str(exc), as_json, out, err)
@@ -121,10 +166,20 @@ def run_check(
     else:
         out.write(f"mxfp8-plugin check {recipe}" + (f" {' '.join(overrides)}" if overrides else "") + "\n\n")
         out.write(report.format_table() + "\n")
-    failed = report.errors + (report.warnings if fail_on_warning else [])
+    failed = [f.line() for f in report.errors + (report.warnings if fail_on_warning else [])]
+    if fail_on_unchecked:
+        failed += [f"unchecked {r.rule.id}: {r.note}" for r in report.results if r.status == "n/a"]
     if failed and not as_json:
-        err.write(f"{recipe}: {len(failed)} problem(s); first: {failed[0].line()}\n")
+        err.write(f"{recipe}: {len(failed)} problem(s); first: {failed[0]}\n")
     return EXIT_ERRORS if failed else EXIT_OK
+
+
+def _is_override(text: str) -> bool:
+    try:
+        _override(text)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
 
 
 def _emit_unreadable(message: str, as_json: bool, out: TextIO, err: TextIO) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import MXFP8ConfigError, MXFP8UsageError
 
-__all__ = ["DEFAULT_VERIFY_SAMPLE", "PLUGIN_SECTION", "PluginOptions", "option_types"]
+__all__ = ["DEFAULT_VERIFY_SAMPLE", "PLUGIN_SECTION", "PluginOptions", "option_problem", "option_types"]
 
 #: The plugin's own section in a recipe YAML; split off before Bridge sees the rest.
 PLUGIN_SECTION = "mxfp8_plugin"
@@ -88,26 +88,18 @@ class PluginOptions:
     """Data-parallel size the job will run with; read only by check's padding rule (MX008)."""
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.verify_sample, (int, float)) and 0.0 < self.verify_sample <= 1.0):
-            raise MXFP8ConfigError(
-                f"{PLUGIN_SECTION}.verify_sample must be in (0, 1], got {self.verify_sample!r}"
-            )
+        # Every constructor path (keywords, ``replace``, ``from_mapping``) lands here, so
+        # ``MXFP8ParamSyncCallback(strict='no')`` is refused with the message YAML gets.
+        found = (option_problem(f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        problems = [p for p in found if p]
+        if problems:
+            raise MXFP8ConfigError("; ".join(problems))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> PluginOptions:
         """Strict: an unknown option or a wrongly typed value is an error, not a silent default."""
-        from ._yamltypes import suggest, type_problem
-
         data = dict(data or {})
-        types = option_types()
-        problems = []
-        for key, value in data.items():
-            if key not in types:
-                problems.append(f"{PLUGIN_SECTION}.{key} is not a plugin option{suggest(str(key), types)}")
-                continue
-            expected = type_problem(value, types[key])
-            if expected:
-                problems.append(f"{PLUGIN_SECTION}.{key} must be {expected}, got {value!r}")
+        problems = [p for key, value in data.items() if (p := option_problem(str(key), value))]
         if problems:
             raise MXFP8ConfigError("; ".join(problems))
         return cls(**data)
@@ -127,6 +119,31 @@ class PluginOptions:
 
     def as_mapping(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+#: Ranges beyond the type: (test, what the value must be).
+_RANGES: dict[str, tuple[Any, str]] = {
+    "verify_sample": (lambda v: 0.0 < v <= 1.0, "a number in (0, 1]"),
+    "dp_size": (lambda v: v is None or v >= 1, "an integer >= 1, or null"),
+}
+
+
+def option_problem(name: str, value: Any) -> str | None:
+    """The one validator of a plugin option, used by YAML, overrides, the launcher and every
+    constructor: None when ``value`` is acceptable, else one line naming the option, the value
+    and what it must be."""
+    from ._yamltypes import suggest, type_problem
+
+    types = option_types()
+    key = f"{PLUGIN_SECTION}.{name}"
+    if name not in types:
+        return f"{key} is not a plugin option{suggest(name, types)} (options: {', '.join(types)})"
+    expected = type_problem(value, types[name])
+    if expected is None and name in _RANGES and not _RANGES[name][0](value):
+        expected = _RANGES[name][1]
+    if expected is None:
+        return None
+    return f"{key} must be {expected}, got {value!r} ({type(value).__name__})"
 
 
 def option_types() -> dict[str, Any]:

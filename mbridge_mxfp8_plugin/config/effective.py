@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._yamltypes import yaml_literal
+from ..probes.bridge_facts import MP_OWNED_KNOBS
 from ..probes.stack import InstalledStack
-from .schema import MP_OWNED_KNOBS
 from .view import UNKNOWN, ConfigView, Val
 
 __all__ = ["EffectiveConfig"]
@@ -79,9 +79,16 @@ class EffectiveConfig:
         return self.view.raw("optimizer", knob)
 
     def model(self, knob: str) -> Val:
-        """A model knob; ``mixed_precision`` owns the fp8 ones (Bridge)."""
+        """A model knob; ``mixed_precision`` owns the fp8 ones (Bridge). Unstated in the file, the
+        value the named base recipe (``check --recipe``) assigns, when its source says."""
         owned = self._mp_owned("model", knob)
-        return owned if owned is not None else self.view.raw("model", knob)
+        if owned is not None:
+            return owned
+        written = self.view.raw("model", knob)
+        base = self.view.base_recipe
+        if written.known or base is None or knob not in base.model or written.path in self.view.base_refs:
+            return written
+        return Val(base.model[knob], f"model.{knob} (set by recipe {base.name})")
 
     def fp8_params(self) -> Val:
         """Params kept in FP8: ``fp8_param_gather`` (ddp) or the model's ``fp8_param``; the first
@@ -157,7 +164,7 @@ class EffectiveConfig:
         )
 
     def model_int(self, knob: str, default: int) -> int:
-        v = self.view.raw("model", knob)
+        v = self.model(knob)
         return v.value if v.known and isinstance(v.value, int) else default
 
     def fix_reuse(self, value: bool) -> dict[str, Any]:

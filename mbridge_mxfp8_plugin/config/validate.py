@@ -48,6 +48,7 @@ def validate_config(
     strict: bool = True,
     installed: InstalledStack | None = None,
     skipped: Iterable[str] = (),
+    base_recipe: Any = None,
 ) -> ValidationReport:
     """Run every rule; with ``strict`` raise :class:`ConfigValidationError` listing all errors.
 
@@ -59,8 +60,10 @@ def validate_config(
     ``dp_size`` enables the padding rule; ``installed`` replaces the probe of the installed
     release pair (for tests, or to check a config for another cluster). ``skipped`` lists what
     the caller knows was not checked (e.g. :meth:`.read.RecipeInput.not_checked`).
+    ``base_recipe`` (:class:`..probes.recipe_source.RecipeSource`) is the recipe a mapping is
+    merged onto, as its source tells it: the model class and the model knobs it sets.
     """
-    view = read_config(cfg, ddp=ddp, optimizer=optimizer, model=model, plugin=plugin)
+    view = read_config(cfg, ddp=ddp, optimizer=optimizer, model=model, plugin=plugin, base_recipe=base_recipe)
     stack = installed if installed is not None else InstalledStack.detect()
     dp = dp_size if dp_size is not None else view.data_parallel_size
     results = run_rules(EffectiveConfig(view, dp, stack))

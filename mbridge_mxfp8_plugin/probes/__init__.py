@@ -10,9 +10,9 @@ reader. Nothing here imports torch or megatron-core at import time.
 from __future__ import annotations
 
 from ._source import module_file
-from .bridge import BridgeLoopBehaviour, bridge_training_dir, probe_bridge_files, probe_live_loop
 from .core import CoreBehaviour, core_package_dir, probe_bucket_offsets, probe_core, probe_core_files
 from .hazards import HazardBehaviour, probe_hazard_files
+from .loops import BridgeLoopBehaviour, bridge_training_dir, probe_bridge_files, probe_live_loop
 from .stack import InstalledStack
 from .versions import installed_version, installed_versions
 

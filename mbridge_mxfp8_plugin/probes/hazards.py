@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ._source import block, read_text
-from .bridge import bridge_training_dir
 from .core import core_package_dir
+from .loops import bridge_training_dir
 
 __all__ = ["HazardBehaviour", "probe_hazard_files"]
 

@@ -155,7 +155,7 @@ def test_verify_sample_is_a_checked_fraction(tmp_path):
     assert PluginOptions.from_mapping({"verify_sample": 1}).verify_sample == 1
     assert plugin_section(None, ["mxfp8_plugin.verify_sample=0.5"]).verify_sample == 0.5
     for bad in (0, 0.0, 1.5, -0.1):
-        with pytest.raises(MXFP8ConfigError, match=r"verify_sample must be in \(0, 1\]"):
+        with pytest.raises(MXFP8ConfigError, match=r"verify_sample must be a number in \(0, 1\]"):
             PluginOptions.from_mapping({"verify_sample": bad})
     with pytest.raises(MXFP8ConfigError, match="verify_sample must be a number"):
         PluginOptions.from_mapping({"verify_sample": "all"})

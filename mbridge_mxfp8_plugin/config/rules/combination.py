@@ -6,9 +6,9 @@ from typing import Any
 
 from ..._yamltypes import yaml_literal as _y
 from ...defects import HAZARDS
+from ...probes.bridge_facts import MP_OWNED_KNOBS
 from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult, Severity
-from ..schema import MP_OWNED_KNOBS
 from ..view import Val
 from ._base import _found, _na, _pass, _rule, _settled, _violation
 

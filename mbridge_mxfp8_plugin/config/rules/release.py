@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ...defects import DEFECTS
+from ...options import PLUGIN_SECTION
 from ..effective import EffectiveConfig
 from ..report import Rule, RuleResult
-from ..schema import PLUGIN_SECTION
 from ..view import UNKNOWN, Val
 from ._base import _na, _pass, _rule, _violation
 

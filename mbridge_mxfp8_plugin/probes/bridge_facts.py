@@ -1,26 +1,39 @@
-"""What Megatron-Bridge accepts, written down (the facts a check needs when its files cannot say).
+"""Per-release Megatron-Bridge facts: written down where its files cannot say, read where they can.
 
 Megatron-Bridge cannot be imported without Transformer Engine, and importing torch plus
 megatron-core costs seconds; a validator that needs the training stack to tell a user their YAML
-has a typo is useless on a login node. The Bridge facts below were read from the released wheels
-0.3.1, 0.4.2, 0.5.1 and 0.6.2 (``training/config.py``, ``mixed_precision.py``); what the
-*installed* releases accept is read from their files by :mod:`.installed`.
+has a typo is useless on a login node. The written facts below were read from the released
+wheels 0.3.1, 0.4.2, 0.5.1 and 0.6.2 (``training/config.py``, ``mixed_precision.py``) and are the
+fallback when no Bridge is installed; :func:`bridge_facts` reads the installed release's
+mixed-precision registry, its dtype names and ``MixedPrecisionConfig``'s defaults from its files.
+This module and :mod:`.fields` are the only places in the plugin that know a Bridge release.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, NamedTuple
 
 from .._yamltypes import DTYPE
 from ..options import PLUGIN_SECTION
+from ._summary import MISSING, summary
+from .fields import class_fields
+from .loops import bridge_training_dir
+from .versions import installed_version
 
 __all__ = [
     "CONFIG_SECTIONS",
+    "DTYPE_ALIASES",
+    "HYDRA_KEYS",
     "MIXED_PRECISION_FIELDS",
     "MIXED_PRECISION_RECIPES",
     "MP_OWNED_KNOBS",
     "PLUGIN_SECTION",
-    "HYDRA_KEYS",
+    "RENAMED_SECTIONS",
+    "BridgeFacts",
+    "bridge_facts",
+    "dtype_attr",
+    "dtype_name_problem",
     "normalize_recipe_name",
 ]
 
@@ -141,11 +154,8 @@ MP_OWNED_KNOBS: dict[str, tuple[str, ...]] = {
     "fp8_param": ("model",),
 }
 
-#: Extra ``ddp`` fields Bridge's subclass adds on top of megatron-core's (Bridge >= 0.5).
-BRIDGE_DDP_EXTRA: dict[str, Any] = {"param_name_patterns_for_fp32_local_accumulation": list | None}
-
-#: Model knobs the validator reads, with their types (the model section itself is not
-#: key-checked: providers carry hundreds of fields that differ per model family).
+#: Model knobs the rules read, with their types: the fallback when the installed provider
+#: classes cannot be read (no Bridge here), and the knobs read from live config objects.
 MODEL_KNOBS: dict[str, Any] = {
     "tensor_model_parallel_size": int,
     "pipeline_model_parallel_size": int,
@@ -182,3 +192,85 @@ def normalize_recipe_name(name: str) -> str:
 
 #: Hydra's reserved keys in a ``_target_`` section: consumed by instantiate(), not fields.
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_recursive_", "_convert_", "_args_", "_call_"})
+
+
+#: ``ConfigContainer``'s sections were named ``model_config``, ``train_config``, ... in
+#: Megatron-Bridge's pre-release history (renamed June 2025, "Fix config container fields"),
+#: and NeMo 2 users write them that way: an unknown ``X_config`` section is advised as ``X``.
+RENAMED_SECTIONS: dict[str, str] = {f"{s}_config": s for s in CONFIG_SECTIONS if not s.endswith("_provider")}
+
+#: ``torch`` attributes that are dtypes: what Bridge 0.3 accepts for a dtype field
+#: (``getattr(torch, value.split(".")[-1])``), listed so that no torch import is needed.
+TORCH_DTYPE_NAMES = frozenset(
+    {
+        "float32", "float", "float64", "double", "float16", "half", "bfloat16", "complex64", "cfloat",
+        "complex128", "cdouble", "uint8", "int8", "int16", "short", "int32", "int", "int64", "long",
+        "bool", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "uint16",
+        "uint32", "uint64", "float8_e8m0fnu",
+    }
+)  # fmt: skip
+
+#: Bridge >= 0.4's short dtype names (``str_to_dtype``) -> torch attribute names.
+DTYPE_ALIASES = {
+    "fp32": "float32", "32": "float32", "32-true": "float32", "fp16": "float16", "16": "float16",
+    "16-mixed": "float16", "bf16": "bfloat16", "bf16-mixed": "bfloat16", "fp8": "float8_e4m3fn",
+}  # fmt: skip
+
+
+def dtype_attr(name: str) -> str:
+    """The ``torch`` attribute a dtype name means to Bridge (``bf16`` -> ``bfloat16``)."""
+    return DTYPE_ALIASES.get(name.removeprefix("torch."), name.split(".")[-1])
+
+
+class BridgeFacts(NamedTuple):
+    """What the installed Megatron-Bridge converts, read from its files."""
+
+    version: str | None
+    #: Names registered with ``@register`` in ``training/mixed_precision.py``.
+    recipe_names: frozenset[str]
+    #: Strings its override merge turns into a torch dtype.
+    dtype_names: frozenset[str]
+    #: ``MixedPrecisionConfig`` field defaults (what a ``_target_`` instance holds when unstated).
+    mp_defaults: dict[str, Any]
+
+
+@functools.lru_cache(maxsize=1)
+def bridge_facts() -> BridgeFacts | None:
+    """The installed Bridge's registry and conversions, or None when Bridge is not installed."""
+    root = bridge_training_dir()
+    if root is None:
+        return None
+    mp_file = root / "mixed_precision.py"
+    info = summary(mp_file) or {"registered": []}
+    fields = class_fields(mp_file, "MixedPrecisionConfig") or {}
+    mp_defaults = {k: f.default for k, f in fields.items() if f.default is not MISSING}
+    dtypes = _bridge_dtype_names(root.parent / "utils" / "activation_map.py")
+    return BridgeFacts(
+        installed_version("megatron-bridge"), frozenset(info["registered"]), dtypes, mp_defaults
+    )
+
+
+def _bridge_dtype_names(activation_map: Any) -> frozenset[str]:
+    """Bridge >= 0.4 converts through ``str_to_dtype`` (its ``DTYPE_MAP`` plus ``torch.`` aliases);
+    earlier releases through ``getattr(torch, name.split('.')[-1])``."""
+    info = summary(activation_map)
+    if info is None or "DTYPE_MAP" not in info["dict_keys"]:
+        return frozenset(TORCH_DTYPE_NAMES | {f"torch.{n}" for n in TORCH_DTYPE_NAMES})
+    keys = set(info["dict_keys"]["DTYPE_MAP"])
+    aliases = {f"torch.{k}" for k in keys if "." not in k and not k[0].isdigit() and "-" not in k}
+    return frozenset(keys | aliases)
+
+
+def dtype_name_problem(value: Any) -> str | None:
+    """None when the installed Bridge turns ``value`` into a torch dtype (or it is null / a dtype)."""
+    if value is None or type(value).__name__ == "dtype":
+        return None
+    facts = bridge_facts()
+    if facts is None:  # no Bridge: which names it converts is unknown (the report says so)
+        return None
+    names = facts.dtype_names
+    if isinstance(value, str) and value in names:
+        return None
+    shown = ", ".join(sorted(n for n in names if "." not in n)[:8])
+    who = f"Megatron-Bridge {facts.version}" if facts.version else "Megatron-Bridge"
+    return f"a dtype name {who} converts ({shown}, ...) or null"

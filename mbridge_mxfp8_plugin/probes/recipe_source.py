@@ -1,0 +1,118 @@
+"""What a Megatron-Bridge recipe function sets, read from its source (``check --recipe NAME``).
+
+A recipe YAML is merged onto the ``ConfigContainer`` a Python recipe builds, which ``check`` does
+not run (that needs Bridge, torch and often a Hugging Face download). Its source still says a
+lot: the model provider class when it constructs one by name, and the model knobs it assigns as
+literals (``cfg.model.expert_model_parallel_size = 4``: MoE in the base recipe). What the source
+does not say (a provider built by ``AutoBridge.from_hf_pretrained``) stays unknown, with why.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._source import block, megatron_subdir, module_file
+from ._summary import summary
+
+__all__ = ["RecipeSource", "find_recipe"]
+
+
+@dataclass(frozen=True)
+class RecipeSource:
+    """A recipe function as its source tells it."""
+
+    name: str
+    path: str
+    #: dotted path of the model provider class it builds; None when the source does not say
+    provider: str | None
+    #: why ``provider`` is None
+    provider_why: str = ""
+    #: ``cfg.model.<knob> = <literal>`` assignments
+    model: dict[str, Any] = field(default_factory=dict)
+
+
+def _recipes_dir() -> Path | None:
+    return megatron_subdir("bridge/recipes", "__init__.py")
+
+
+def _locate(name: str) -> tuple[Path, str] | None:
+    """(file, function) of a recipe given as a dotted path or a bare function name."""
+    module, _, func = name.rpartition(".")
+    if module:
+        path = module_file(module)
+        return (path, func) if path is not None else None
+    root = _recipes_dir()
+    if root is None:
+        return None
+    pattern = re.compile(rf"^def {re.escape(name)}\(", re.M)
+    for path in sorted(root.rglob("*.py")):
+        try:
+            if pattern.search(path.read_text(encoding="utf-8", errors="replace")):
+                return path, name
+        except OSError:
+            continue
+    return None
+
+
+def _provider(path: Path, call: ast.expr) -> tuple[str | None, str]:
+    """The provider class a ``cfg.model = ...`` right-hand side constructs, as a dotted path."""
+    if not isinstance(call, ast.Call):
+        return None, "the recipe assigns cfg.model from an expression, not a constructor"
+    func = ast.unparse(call.func)
+    if "AutoBridge" in func or "from_hf_pretrained" in func or "to_megatron_provider" in func:
+        return None, "the recipe builds its model provider from a Hugging Face config (AutoBridge)"
+    head = func.split(".")[0]
+    imported = (summary(path) or {}).get("imports", {}).get(head)
+    if imported is None:
+        return None, f"{func} is not a class imported by the recipe's module"
+    base = imported[0] if imported[1] is None else f"{imported[0]}.{imported[1]}"
+    return base + func[len(head) :], ""
+
+
+def _literal(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return _SKIP
+
+
+_SKIP = object()
+
+
+@functools.lru_cache(maxsize=8)
+def find_recipe(name: str) -> RecipeSource | None:
+    """The recipe function ``name`` in the installed Megatron-Bridge; None when not found."""
+    found = _locate(name)
+    if found is None:
+        return None
+    path, func = found
+    text = block(path.read_text(encoding="utf-8", errors="replace"), "def", func)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    provider: str | None = None
+    why = "the recipe does not assign cfg.model itself"
+    model: dict[str, Any] = {}
+    names: dict[str, ast.expr] = {}  # ``model_cfg = Provider(...)``; ``cfg.model = model_cfg``
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target = ast.unparse(node.targets[0]).split(".")
+        if len(target) == 1:
+            names[target[0]] = node.value
+        elif target[1:] == ["model"]:
+            value = node.value
+            if isinstance(value, ast.Name) and value.id in names:
+                value = names[value.id]
+            provider, why = _provider(path, value)
+        elif len(target) == 3 and target[1] == "model":
+            value = _literal(node.value)
+            if value is not _SKIP:
+                model[target[2]] = value
+    return RecipeSource(func, str(path), provider, why, model)
