@@ -1,48 +1,68 @@
-"""Read a recipe YAML and its command-line overrides exactly as Megatron-Bridge does.
+"""The one reader: recipe files, ``key=value`` overrides and the ``mxfp8_plugin`` section, as
+Megatron-Bridge reads them.
 
-Bridge's ``--config-file`` path (``training/utils/omegaconf_utils.py``, 0.3 to 0.6) is:
-``OmegaConf.load(file)``, ``OmegaConf.merge(base, file)``, Hydra's ``OverridesParser`` for
-``key=value`` / ``+key=value`` / ``~key``, applied by Hydra's own ``_apply_overrides_to_config``,
-then ``OmegaConf.to_container(resolve=True)``. We call the same functions, so ``lr: 1e-4`` is the
-float 0.0001 here as it is there, a duplicate key is refused here as it is there, and a quoted
-``'true'`` stays a string. The one thing ``check`` lacks is the base recipe (a Python function):
-an interpolation into it, and ``???`` (which keeps the base's value when merged), are kept as
-:class:`BaseRef` ("not checked"), never guessed.
+Bridge's ``--config-file`` path (``training/utils/omegaconf_utils.py``, 0.3 to 0.6) is: the recipe
+function's ``ConfigContainer`` as an OmegaConf dict (``create_omegaconf_dict_config``), then
+``OmegaConf.merge`` of the file, Hydra's ``OverridesParser`` + ``_apply_overrides_to_config`` in
+struct mode (``parse_hydra_overrides``), ``OmegaConf.to_container(resolve=True)`` and
+``apply_overrides`` back onto the dataclasses. :func:`merge_onto_container` is that path, calling
+Bridge's own functions; :func:`compose` is the same steps without the container, for ``check``
+and :mod:`..recipes`, which have only the files. Every entry point (``check``, ``load_recipe``,
+``apply_recipe``, the launcher) reads through here, so ``lr: 1e-4`` is the float 0.0001 to all of
+them as to Bridge, a duplicate key is refused, a quoted ``'true'`` stays a string.
 
-Hostile input is bounded *before* OmegaConf sees it (OmegaConf copies every alias into its own
-node tree, so a 1 kB anchor bomb becomes gigabytes): a size cap, strict UTF-8, and a scan of the
-YAML event stream that counts the nodes aliases would expand to. Interpolation chains that fan
-out are bounded the same way before anything is resolved.
+Two additions to Bridge's path. The ``mxfp8_plugin`` section is the plugin's, never Bridge's
+(Bridge would skip it with a warning its own log filter hides): ``mxfp8_plugin.*`` overrides
+set options whether or not the file names them (an option has a default, so it always
+"exists"), and :func:`plugin_section` splits the section off. Without the base recipe (a
+Python function ``check`` does not run) an interpolation into it, and ``???`` (which keeps the
+base's value when merged), are kept as :class:`BaseRef` ("not checked"), never guessed; a
+``~key`` the files lack deletes from the base and is recorded. Hostile input is bounded first
+(:mod:`._bounds`).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import io
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import MXFP8ConfigError
+from ..options import PLUGIN_SECTION
+from ._bounds import (
+    MAX_BYTES,
+    MAX_NODES,
+    RecipeError,
+    bound_interpolations,
+    fail,
+    first_line,
+    prescan,
+    read_text,
+    yaml_error,
+)
+from ._overrides import apply_loose, apply_plugin, apply_struct
 
-__all__ = ["MAX_BYTES", "MAX_NODES", "BaseRef", "RecipeError", "RecipeInput", "read_recipe_file"]
-
-#: Largest recipe file read (Bridge's own example overrides are < 4 kB).
-MAX_BYTES = 1 << 20
-#: Most YAML nodes a recipe may expand to once aliases are copied (the bound on anchor bombs).
-MAX_NODES = 200_000
-#: Most values one interpolation may reach through other interpolations.
-MAX_INTERPOLATION_FANOUT = 10_000
-
+__all__ = [
+    "MAX_BYTES",
+    "MAX_NODES",
+    "BaseRef",
+    "RecipeError",
+    "RecipeInput",
+    "compose",
+    "merge_onto_container",
+    "plugin_section",
+    "read_recipe_file",
+    "split_bridge_argv",
+    "split_overrides",
+]
 
 #: OmegaConf's mandatory-value marker.
 MISSING = "???"
-
-
-class RecipeError(MXFP8ConfigError):
-    """The recipe could not be read at all: one line naming the file and the cause."""
+#: Bridge's scripts spell the file flag both ways (run_recipe.py: --config-file; examples: --config_file).
+FILE_FLAGS = ("--config-file", "--config_file")
 
 
 @dataclass(frozen=True)
@@ -58,13 +78,14 @@ class BaseRef:
 
 @dataclass
 class RecipeInput:
-    """The recipe as Bridge would merge it: plain containers, interpolations resolved."""
+    """The recipe as Bridge would merge it: plain containers, interpolations resolved, the
+    ``mxfp8_plugin`` section still in ``data`` (``check`` judges it with the rest)."""
 
     path: str
     data: dict[str, Any]
     #: dotted key -> interpolation into the base recipe, or ``???`` (decided by the base recipe)
     base_refs: dict[str, str] = field(default_factory=dict)
-    #: ``~key`` overrides of keys this file does not have (they delete from the base recipe)
+    #: ``~key`` overrides of keys the files do not have (they delete from the base recipe)
     base_deletions: list[str] = field(default_factory=list)
 
     def not_checked(self) -> list[str]:
@@ -82,197 +103,129 @@ class RecipeInput:
             f"~{key}: deletes a key of the base recipe (not in this file)" for key in self.base_deletions
         ]
 
-
-def _fail(path: Path, cause: str) -> RecipeError:
-    return RecipeError(f"{path}: {cause}")
-
-
-def _read_text(path: Path) -> str:
-    if not path.exists():
-        raise _fail(path, "no such recipe file")
-    if path.is_dir():
-        raise _fail(path, "is a directory; give a recipe YAML file")
-    if not path.is_file():
-        raise _fail(path, "is not a regular file")
-    size = path.stat().st_size
-    if size > MAX_BYTES:
-        raise _fail(path, f"is {size} bytes; check reads recipes of at most {MAX_BYTES} bytes")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise _fail(path, f"cannot read ({exc.strerror or exc})") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _fail(path, f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+    def require_resolved(self, prefix: str = "", *, fix: str) -> None:
+        """Refuse a value only the base recipe decides (under ``prefix``), where the caller must
+        apply the result itself and cannot leave it "not checked"."""
+        refs = [k for k in self.base_refs if k.startswith(prefix)]
+        if refs:
+            raise RecipeError(
+                f"{self.path}: {refs[0]} is {self.base_refs[refs[0]]}, which only the base recipe "
+                f"decides; {fix}"
+            )
 
 
-def _yaml_error(path: Path, exc: Exception) -> RecipeError:
-    mark = getattr(exc, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
-    context = getattr(exc, "context", None)
-    if problem and "duplicate key" in str(exc):
-        problem = f"{problem} ({context})" if context else problem
-    return _fail(path, f"invalid YAML{where}: {problem}")
+# --------------------------------------------------------------------------- arguments
+def split_bridge_argv(argv: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``(config_files, overrides)`` of a Bridge script's arguments (``--config-file FILE`` then
+    ``key=value`` Hydra overrides, as its recipe scripts take ``sys.argv[1:]``).
+
+    Any other ``--flag`` belongs to the script's own parser: refused with one line saying so,
+    instead of reaching Hydra's lexer as an override.
+    """
+    files: list[str] = []
+    overrides: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag, eq, value = arg.partition("=")
+        if flag in FILE_FLAGS:
+            if not eq:
+                if i + 1 >= len(args):
+                    raise RecipeError(f"{arg} needs a file: {arg} FILE")
+                i += 1
+                value = args[i]
+            files.append(value)
+        elif arg.startswith("-") and not arg.startswith("~"):
+            raise RecipeError(
+                f"{flag!r} is not a recipe override: pass key=value overrides and --config-file FILE "
+                "only (parse your script's own flags first, e.g. argparse's parse_known_args)"
+            )
+        else:
+            overrides.append(arg)
+        i += 1
+    return files, overrides
 
 
-def _prescan(path: Path, text: str) -> None:
-    """Count the nodes the document expands to, aliases included, from the event stream alone."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    anchors: dict[str, int] = {}
-    stack: list[list[Any]] = [[None, 0]]  # [anchor, nodes] per open collection; root first
-    docs = 0
-    try:
-        for event in yaml.parse(io.StringIO(text), Loader=loader):
-            if isinstance(event, yaml.DocumentStartEvent):
-                docs += 1
-                if docs > 1:
-                    raise _fail(path, "holds several YAML documents; a recipe is one mapping")
-            elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                stack.append([event.anchor, 1])
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                anchor, count = stack.pop()
-                if anchor:
-                    anchors[anchor] = count
-                stack[-1][1] += count
-            elif isinstance(event, yaml.ScalarEvent):
-                if event.anchor:
-                    anchors[event.anchor] = 1
-                stack[-1][1] += 1
-            elif isinstance(event, yaml.AliasEvent):
-                stack[-1][1] += anchors.get(event.anchor or "", 1)
-            if stack[0][1] > MAX_NODES or (len(stack) > 1 and stack[-1][1] > MAX_NODES):
-                raise _fail(
-                    path,
-                    f"its anchors and aliases expand to more than {MAX_NODES} values (a YAML "
-                    "'billion laughs' bomb?); refusing to load it",
-                )
-    except yaml.YAMLError as exc:
-        raise _yaml_error(path, exc) from None
+def _is_plugin_key(text: str) -> bool:
+    key = text.split("=", 1)[0].lstrip("+~")
+    return key == PLUGIN_SECTION or key.startswith(PLUGIN_SECTION + ".")
 
 
-def _load(path: Path, text: str) -> Any:
+def split_overrides(overrides: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``(bridge_overrides, plugin_overrides)``: those under ``mxfp8_plugin`` never reach Bridge."""
+    bridge: list[str] = []
+    plugin: list[str] = []
+    for text in overrides:
+        (plugin if _is_plugin_key(text) else bridge).append(text)
+    return bridge, plugin
+
+
+def plugin_section(
+    data: Mapping[str, Any], source: str | Path
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(everything else, the mxfp8_plugin section or None)``; the section must be a mapping.
+
+    The one place that says so for the entry points that apply a recipe (``check`` reports the
+    same as a finding, next to the file's other problems).
+    """
+    rest = {str(k): v for k, v in data.items() if k != PLUGIN_SECTION}
+    section = data.get(PLUGIN_SECTION)
+    if section is not None and not isinstance(section, Mapping):
+        raise RecipeError(f"{source}: {PLUGIN_SECTION} must be a mapping of plugin options, got {section!r}")
+    return rest, (dict(section) if section is not None else None)
+
+
+# --------------------------------------------------------------------------- files
+def _require_readers(source: str, overrides: bool) -> None:
+    """OmegaConf and Hydra are Bridge's readers; hydra costs ~0.3 s to import, so only when
+    there are overrides (Bridge parses them only then too)."""
+    for module in ("omegaconf", "hydra.core.override_parser.overrides_parser")[: 2 if overrides else 1]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise RecipeError(
+                f"{source}: reading a recipe needs omegaconf and hydra-core, Megatron-Bridge's own readers "
+                f"({module.split('.')[0]} is not importable): "
+                "pip install 'omegaconf>=2.3,<2.4' 'hydra-core>=1.3,<1.4'"
+            ) from None
+
+
+def load_file(path: Path) -> Any:
+    """``OmegaConf.load`` of one recipe file, bounded, refusing what is not a mapping of sections."""
     import yaml
     from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    _prescan(path, text)
+    text = read_text(path)
+    prescan(path, text)
     try:
         cfg = OmegaConf.load(io.StringIO(text))
     except yaml.YAMLError as exc:
-        raise _yaml_error(path, exc) from None
+        raise yaml_error(path, exc) from None
     except (OmegaConfBaseException, OSError, ValueError, TypeError) as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        msg = first_line(exc)
         if "Invalid loaded object type" in msg:
             kind = msg.rsplit(":", 1)[-1].strip()
-            raise _fail(
+            raise fail(
                 path, f"the recipe is a {kind}; expected a mapping of ConfigContainer sections"
             ) from None
-        raise _fail(path, f"OmegaConf cannot load it: {msg}") from None
+        raise fail(path, f"OmegaConf cannot load it: {msg}") from None
     if isinstance(cfg, ListConfig):
-        raise _fail(
+        raise fail(
             path,
             "the recipe is a list; expected a mapping of ConfigContainer sections (ddp:, optimizer:, ...)",
         )
     if not isinstance(cfg, DictConfig) or len(cfg) == 0:
-        raise _fail(path, "the recipe is empty; expected a mapping of ConfigContainer sections")
+        raise fail(path, "the recipe is empty; expected a mapping of ConfigContainer sections")
     bad = [k for k in cfg.keys() if not isinstance(k, str)]
     if bad:
-        raise _fail(path, f"top-level keys must be section names, got {bad[0]!r}")
+        raise fail(path, f"top-level keys must be section names, got {bad[0]!r}")
     return cfg
 
 
-_ABSENT = object()
-
-
-def _apply_overrides(path: Path, cfg: Any, overrides: list[str], deletions: list[str]) -> None:
-    """Hydra's parser and Hydra's own apply step, one override at a time (to name the bad one).
-
-    Bridge applies them in struct mode onto the *merged* config; we have only the file, so a
-    ``~key`` for a key the file lacks deletes from the base recipe: recorded, not an error.
-    """
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import DictConfig, OmegaConf
-
-    parser = OverridesParser.create()
-    for text in overrides:
-        try:
-            (override,) = parser.parse_overrides(overrides=[text])
-        except Exception as exc:  # noqa: BLE001 - Hydra raises several types; all mean "bad syntax"
-            raise RecipeError(f"override {text!r}: {_first_line(exc)}") from None
-        key = override.key_or_group
-        parts = key.split(".")
-        node: Any = cfg
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part) if isinstance(node, DictConfig) else None
-            if nxt is None:
-                break
-            if not isinstance(nxt, DictConfig):
-                where = ".".join(parts[: i + 1])
-                value = OmegaConf.to_container(nxt) if not isinstance(nxt, (str, int, float, bool)) else nxt
-                raise RecipeError(
-                    f"override {text!r}: {where} is {value!r}, not a section, "
-                    f"so it has no key {parts[i + 1]!r}"
-                )
-            node = nxt
-        if override.is_delete() and OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
-            deletions.append(key)
-            continue
-        try:
-            ConfigLoaderImpl._apply_overrides_to_config(overrides=[override], cfg=cfg)
-        except Exception as exc:  # noqa: BLE001 - ConfigCompositionException and OmegaConf's own
-            cause = exc.__cause__ or exc
-            raise RecipeError(f"override {text!r}: {_first_line(exc)} ({_first_line(cause)})") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-_REF = re.compile(r"\$\{([^${}:]+)\}")
-
-
-def _bound_interpolations(path: Path, cfg: Any) -> None:
-    """Refuse interpolation chains that fan out (``a: ${b}${b}``, ``b: ${c}${c}``, ...) before
-    OmegaConf resolves them: each level doubles the work, so 40 lines would never finish."""
-    from omegaconf import OmegaConf
-
-    container = OmegaConf.to_container(cfg, resolve=False)
-    strings: dict[str, str] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for k, v in items:
-            dotted = f"{prefix}{k}"
-            if isinstance(v, str) and "${" in v:
-                strings[dotted] = v
-            walk(v, dotted + ".")
-
-    walk(container, "")
-    memo: dict[str, int] = {}
-
-    def reach(key: str, depth: int) -> int:
-        if key in memo:
-            return memo[key]
-        if depth > 100:
-            raise _fail(path, f"interpolations nest more than 100 deep at {key}")
-        memo[key] = 1  # a cycle counts once; OmegaConf reports it when resolving
-        total = 1 + sum(reach(ref.strip(), depth + 1) for ref in _REF.findall(strings.get(key, "")))
-        memo[key] = total
-        if total > MAX_INTERPOLATION_FANOUT:
-            raise _fail(path, f"{key} expands through more than {MAX_INTERPOLATION_FANOUT} interpolations")
-        return total
-
-    for key in strings:
-        reach(key, 0)
-
-
-def _resolve(path: Path, node: Any, prefix: str, refs: dict[str, str]) -> Any:
+# --------------------------------------------------------------------------- resolving
+def _resolve(source: str, node: Any, prefix: str, refs: dict[str, str]) -> Any:
     """A plain container of ``node`` with every interpolation resolved, or a :class:`BaseRef`."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import (
@@ -298,13 +251,11 @@ def _resolve(path: Path, node: Any, prefix: str, refs: dict[str, str]) -> Any:
                 refs[dotted] = expr
                 value = BaseRef(expr)
             except OmegaConfBaseException as exc:
-                raise _fail(path, f"{dotted}: cannot resolve {expr}: {_first_line(exc)}") from None
-            if isinstance(value, (DictConfig, ListConfig)):
-                value = _resolve(path, value, dotted + ".", refs)
+                raise fail(source, f"{dotted}: cannot resolve {expr}: {first_line(exc)}") from None
         else:
             value = node[key]
-            if isinstance(value, (DictConfig, ListConfig)):
-                value = _resolve(path, value, dotted + ".", refs)
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = _resolve(source, value, dotted + ".", refs)
         if isinstance(out, dict):
             out[key] = value
         else:
@@ -312,26 +263,121 @@ def _resolve(path: Path, node: Any, prefix: str, refs: dict[str, str]) -> Any:
     return out
 
 
-def read_recipe_file(path: str | Path, overrides: Iterable[str] = ()) -> RecipeInput:
-    """The recipe with overrides applied and interpolations resolved; raises :class:`RecipeError`."""
-    p = Path(path)
-    text = _read_text(p)
+def compose(
+    files: Sequence[str | Path],
+    overrides: Iterable[str] = (),
+    *,
+    base: Any = None,
+    parse_overrides: Callable[[Any, list[str]], Any] | None = None,
+) -> RecipeInput:
+    """``files`` merged in order (onto ``base``, an OmegaConf dict of the recipe, when there is
+    one), then ``overrides``, then resolved; raises :class:`RecipeError` with one line.
+
+    With ``base`` the overrides apply in struct mode through ``parse_overrides`` (Bridge's
+    ``parse_hydra_overrides``), and everything resolves. Without it, values only the
+    base decides come back as :class:`BaseRef` and ``~key`` of a missing key is recorded.
+    """
     overrides = list(overrides)
-    # hydra costs ~0.3 s to import: only when there are overrides (Bridge parses them only then too).
-    for module in ("omegaconf", "hydra.core.override_parser.overrides_parser")[: 2 if overrides else 1]:
+    source = str(files[0]) if files else "overrides"
+    _require_readers(source, bool(overrides))
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = base
+    for path in map(Path, files):
+        loaded = load_file(path)
         try:
-            importlib.import_module(module)
-        except ImportError:
-            raise RecipeError(
-                f"{p}: reading a recipe needs omegaconf and hydra-core, Megatron-Bridge's own readers "
-                f"({module.split('.')[0]} is not importable): "
-                "pip install 'omegaconf>=2.3,<2.4' 'hydra-core>=1.3,<1.4'"
-            ) from None
-    cfg = _load(p, text)
+            cfg = loaded if cfg is None else OmegaConf.merge(cfg, loaded)
+        except OmegaConfBaseException as exc:
+            raise fail(path, f"cannot be merged onto the recipe: {first_line(exc)}") from None
+    if cfg is None:
+        cfg = OmegaConf.create({})
+    bridge_overrides, plugin_overrides = split_overrides(overrides)
+    apply_plugin(cfg, plugin_overrides)  # before struct mode: the section is ours, not the recipe's
     deletions: list[str] = []
-    if overrides:
-        _apply_overrides(p, cfg, overrides, deletions)
-    _bound_interpolations(p, cfg)
+    if base is None:
+        apply_loose(cfg, bridge_overrides, deletions)
+    elif bridge_overrides:
+        if parse_overrides is None:
+            raise TypeError("compose(base=...) applies overrides with Bridge's parse_hydra_overrides")
+        cfg = apply_struct(cfg, bridge_overrides, parse_overrides)
+    bound_interpolations(source, cfg)
     refs: dict[str, str] = {}
-    data = _resolve(p, cfg, "", refs)
-    return RecipeInput(str(p), data, refs, deletions)
+    if base is None:
+        data = _resolve(source, cfg, "", refs)
+    else:
+        try:
+            data = OmegaConf.to_container(cfg, resolve=True)
+        except OmegaConfBaseException as exc:
+            raise fail(source, f"cannot resolve {first_line(exc)}") from None
+    return RecipeInput(source, {str(k): v for k, v in data.items()}, refs, deletions)
+
+
+def read_recipe_file(path: str | Path, overrides: Iterable[str] = ()) -> RecipeInput:
+    """One file with overrides, without its base recipe (``check``'s view); raises :class:`RecipeError`."""
+    return compose([path], overrides)
+
+
+# --------------------------------------------------------------------------- onto a ConfigContainer
+def _bridge_omegaconf_utils() -> Any:
+    try:
+        from megatron.bridge.training.utils import omegaconf_utils  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise RecipeError(
+            "merging a recipe onto a ConfigContainer uses Megatron-Bridge's own omegaconf_utils, which "
+            f"cannot be imported ({exc.name or 'megatron.bridge'}: {first_line(exc)})"
+        ) from None
+    return omegaconf_utils
+
+
+def unappliable(obj: Any, data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """What Bridge's ``apply_overrides`` would skip with a WARNING its own log filter hides, or
+    set to something the job cannot use: unknown keys, a mapping onto a recipe name, a dtype name
+    the installed Bridge does not convert (it would keep the string)."""
+    from ..probes.bridge_facts import dtype_name_problem
+
+    out = []
+    names = sorted(f.name for f in fields(obj)) if is_dataclass(obj) else []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key.startswith("_") and key.endswith("_"):  # _target_, _call_, ...: Bridge's instantiation
+            continue
+        if not hasattr(obj, key):
+            close = difflib.get_close_matches(key, names, n=1)
+            out.append(
+                f"{path} is not a field of {type(obj).__name__}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+            )
+            continue
+        current = getattr(obj, key)
+        if isinstance(value, Mapping) and "_target_" in value:
+            continue
+        if is_dataclass(current) and isinstance(value, Mapping):
+            out += unappliable(current, value, f"{path}.")
+        elif isinstance(current, str) and isinstance(value, Mapping):
+            out.append(
+                f"{path} is {current!r} in the recipe (a name, not a section), so the mapping "
+                f"{dict(value)!r} cannot be merged into it; give a name instead, e.g. "
+                f"{key}: bf16_with_mxfp8_mixed"
+            )
+        elif type(current).__name__ == "dtype" and isinstance(value, str) and dtype_name_problem(value):
+            out.append(f"{path}={value!r}: expected {dtype_name_problem(value)}")
+    return out
+
+
+def merge_onto_container(
+    container: Any, files: Sequence[str | Path], overrides: Iterable[str] = ()
+) -> RecipeInput:
+    """Bridge's ``process_config_with_overrides`` with Bridge's own functions, step by step, the
+    ``mxfp8_plugin`` section kept out of the container, and what Bridge would silently skip
+    refused (:func:`unappliable`) before anything is set. Returns what was merged (plugin
+    section included, for the caller to validate)."""
+    ou = _bridge_omegaconf_utils()
+    omega, excluded = ou.create_omegaconf_dict_config(container)
+    recipe = compose(files, overrides, base=omega, parse_overrides=ou.parse_hydra_overrides)
+    data, _ = plugin_section(recipe.data, recipe.path)
+    problems = unappliable(container, data)
+    if problems:
+        raise RecipeError(f"{recipe.path}: {'; '.join(problems)}")
+    ou.apply_overrides(container, data, excluded)
+    return recipe

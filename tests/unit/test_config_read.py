@@ -17,8 +17,8 @@ import yaml
 from harness.mx_cases import DEFECTIVE, ROOT
 
 from mbridge_mxfp8_plugin.check import run_check
-from mbridge_mxfp8_plugin.config import installed
 from mbridge_mxfp8_plugin.config.read import MAX_BYTES, read_recipe_file
+from mbridge_mxfp8_plugin.probes import bridge_facts as installed
 
 DATA = ROOT / "tests" / "data"
 
@@ -179,7 +179,7 @@ def test_non_utf8_directory_huge_and_multi_document(tmp_path):
     cases = {
         "latin1.yaml": (b"ddp:\n  x: caf\xe9\n", "is not UTF-8 text (byte 0xe9 at offset 13)"),
         "two.yaml": (b"ddp: {}\n---\noptimizer: {}\n", "holds several YAML documents"),
-        "huge.yaml": (b"#" * (MAX_BYTES + 1), f"check reads recipes of at most {MAX_BYTES} bytes"),
+        "huge.yaml": (b"#" * (MAX_BYTES + 1), f"recipes of at most {MAX_BYTES} bytes are read"),
     }
     for name, (content, want) in cases.items():
         (tmp_path / name).write_bytes(content)
@@ -279,7 +279,7 @@ def test_missing_reader_is_one_line_naming_the_fix(blocked, overrides):
 
 def test_without_bridge_the_report_says_what_was_not_checked(monkeypatch):
     monkeypatch.setattr(installed, "bridge_facts", lambda: None)
-    import mbridge_mxfp8_plugin.config.view as view
+    import mbridge_mxfp8_plugin.config.sections as view
 
     monkeypatch.setattr(view, "bridge_facts", lambda: None)
     code, out, _ = _run(DATA / "dtype_names.yaml")

@@ -34,6 +34,9 @@ _CHILD = textwrap.dedent(
     import dataclasses, logging, sys, warnings
     from mbridge_mxfp8_plugin._log import log_rank_zero, logger
     from mbridge_mxfp8_plugin.recipes import apply_recipe
+    from harness.te_stub import importer_scoped_stubs
+    with importer_scoped_stubs():  # apply_recipe merges with Bridge's omegaconf_utils; its package reaches TE
+        from megatron.bridge.training.utils import omegaconf_utils
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
 

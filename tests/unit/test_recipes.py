@@ -1,31 +1,28 @@
-"""recipes.py: loading, overrides, applying onto a ConfigContainer the way Bridge does, callbacks;
-and the hard-coded Bridge facts in config/schema.py checked against the installed Bridge wheel."""
+"""recipes.py: loading, overrides, callbacks (applying onto a ConfigContainer needs Bridge's own
+omegaconf_utils: tests/bridge_real/test_apply_recipe.py); and the hard-coded Bridge facts in
+probes/bridge_facts.py checked against the installed Bridge wheel."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import re
-import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
-from harness.mx_cases import DEFECTIVE, RECIPES, TINY
+from harness.mx_cases import RECIPES, TINY
 
 from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-from mbridge_mxfp8_plugin.config.schema import (
+from mbridge_mxfp8_plugin.errors import MXFP8ConfigError
+from mbridge_mxfp8_plugin.probes.bridge_facts import (
     CONFIG_SECTIONS,
     MIXED_PRECISION_FIELDS,
     MIXED_PRECISION_RECIPES,
     PLUGIN_SECTION,
 )
-from mbridge_mxfp8_plugin.errors import MXFP8ConfigError
 from mbridge_mxfp8_plugin.recipes import (
     PluginOptions,
     RecipeError,
-    apply_recipe,
     callbacks_from_recipe,
     load_recipe,
     read_recipe,
@@ -128,7 +125,6 @@ def test_callbacks_from_recipe():
 def test_one_options_type_for_every_entry_point():
     """PluginOptions is the schema of the YAML section and the callbacks' options; keywords
     still work and win over ``options``."""
-    import dataclasses
 
     from mbridge_mxfp8_plugin.options import option_types as plugin_fields
 
@@ -167,87 +163,6 @@ def test_tiny_recipe_matches_the_cpu_demo_toy():
         sched.eval_iters,
     )
     assert options.dp_size == 2  # the demo's world size
-
-
-# --------------------------------------------------------------------------- apply onto a container
-@dataclasses.dataclass
-class _Model:
-    num_layers: int = 2
-    hidden_size: int = 64
-    num_attention_heads: int = 2
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    context_parallel_size: int = 1
-    seq_length: int = 128
-    params_dtype: torch.dtype = torch.float32
-
-
-@dataclasses.dataclass
-class _Train:
-    train_iters: int = 1
-    eval_interval: int = 1
-    eval_iters: int = 1
-    micro_batch_size: int = 1
-    global_batch_size: int = 1
-
-
-def _container() -> Any:
-    """A ConfigContainer stand-in: Bridge's shape (nested dataclasses, mixed_precision a name),
-    with real megatron-core ddp/optimizer configs - Bridge itself cannot be imported here."""
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ddp_cfg, opt_cfg = DistributedDataParallelConfig(), OptimizerConfig(lr=1.0)
-
-    @dataclasses.dataclass
-    class Container:
-        model: _Model = dataclasses.field(default_factory=_Model)
-        train: _Train = dataclasses.field(default_factory=_Train)
-        ddp: Any = dataclasses.field(default_factory=lambda: ddp_cfg)
-        optimizer: Any = dataclasses.field(default_factory=lambda: opt_cfg)
-        mixed_precision: Any = "bf16_mixed"
-        data_parallel_size: int | None = None
-
-    return Container()
-
-
-def test_apply_recipe_merges_like_bridge_and_validates():
-    cfg = _container()
-    options = apply_recipe(cfg, TINY, ["+model.params_dtype=torch.bfloat16"], installed=DEFECTIVE)
-    assert options == PluginOptions(dp_size=2)
-    assert cfg.mixed_precision == "bf16_with_mxfp8_mixed"
-    assert cfg.ddp.overlap_param_gather and cfg.ddp.reuse_grad_buf_for_mxfp8_param_ag
-    assert cfg.optimizer.lr == 0.03 and cfg.optimizer.overlap_param_gather
-    assert cfg.model.hidden_size == 45 and cfg.model.params_dtype is torch.bfloat16  # dtype name converted
-    assert cfg.train.eval_interval == 3
-
-
-def test_apply_recipe_refuses_before_touching_the_container():
-    cfg = _container()
-    with pytest.raises(MXFP8ConfigError, match="MX101 ddp.overlap_param_gathr"):
-        apply_recipe(cfg, TINY, ["+ddp.overlap_param_gathr=true"], installed=DEFECTIVE)
-    assert cfg.mixed_precision == "bf16_mixed" and not cfg.ddp.overlap_param_gather
-
-
-def test_apply_recipe_strict_and_lenient():
-    with pytest.raises(MXFP8ConfigError, match="MX006 ddp.overlap_grad_reduce"):
-        apply_recipe(_container(), TINY, ["ddp.overlap_grad_reduce=false"], installed=DEFECTIVE)
-    cfg = _container()
-    opts = apply_recipe(
-        cfg, TINY, ["ddp.overlap_grad_reduce=false", "mxfp8_plugin.strict=false"], installed=DEFECTIVE
-    )
-    assert not opts.strict and cfg.ddp.overlap_grad_reduce is False  # logged, not raised
-
-
-def test_apply_recipe_unknown_container_key_and_mapping_into_a_name(tmp_path):
-    with pytest.raises(MXFP8ConfigError, match=r"model\.seq_lenght.*did you mean 'seq_length'"):
-        apply_recipe(_container(), TINY, ["+model.seq_lenght=4"], installed=DEFECTIVE)
-    path = tmp_path / "mp.yaml"
-    path.write_text("mixed_precision:\n  fp8_recipe: mxfp8\n")
-    with pytest.raises(MXFP8ConfigError, match="a name, not a section"):
-        apply_recipe(_container(), path, installed=DEFECTIVE)
 
 
 # --------------------------------------------------------------------------- _schema vs the installed Bridge
