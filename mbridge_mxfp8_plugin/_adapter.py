@@ -19,6 +19,7 @@ from .config.validate import ValidationReport, validate_config
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .plan import distributed_optimizers, reuse_mode_active
+from .resume import ResumeRefresh
 from .sync import ParamSyncEngine, SyncStats
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,6 +93,8 @@ class EngineHolder:
         self._model_key: tuple[int, ...] | None = None
         self.last_stats = None
         self.history = deque(maxlen=HISTORY_LENGTH)
+        #: armed by :meth:`_loaded`, spent at the next step start (defect F)
+        self._resume = ResumeRefresh()
 
     def _disabled(self) -> bool:
         """``enabled=False``: no engine is built and no event does anything; said once."""
@@ -222,6 +225,17 @@ class EngineHolder:
             report.raise_if_bad()
         log_rank_zero(logging.ERROR, "%s (strict=False: training goes on)", report.message())
         return report
+
+    def _loaded(self) -> None:
+        """A checkpoint was loaded (where the verifier checks "checkpoint load"): the next step
+        start re-derives the params from the loaded main params, unless the loop does (F)."""
+        self._resume.loaded()
+
+    def _first_step_after_load(self, engine: ParamSyncEngine | None) -> None:
+        """A step starts: if it is the first after a load, re-derive the params once (F)."""
+        stats = self._resume.before_first_step(engine)
+        if stats is not None:
+            self._record("resume", stats)
 
     def _record(self, event: str, stats: SyncStats) -> None:
         self.last_stats = stats

@@ -9,6 +9,8 @@ of that file)::
 
     # train(), after the initial pre-hook disable (L2657-2663), before `while iteration < ...` (L2684):
     sync = mxfp8_param_sync(model, optimizer, PluginOptions())   # options: optional
+    if iteration > 0:          # resumed from a checkpoint (args.iteration after load_checkpoint)
+        sync.after_load()
 
     # train(), in the loop, after `ft_integration.on_training_step_start()` (L2785), i.e. right
     # before the `train_step(...)` call (L2786-2797):
@@ -96,11 +98,24 @@ class MXFP8ParamSync(EngineHolder):
 
     def step_started(self) -> SyncStats:
         """A training step begins: undo what a forced sync (eval, save, weight-hash check) left
-        behind, so this step gathers the fresh weights instead of adding them to its gradients (C)."""
+        behind, so this step gathers the fresh weights instead of adding them to its gradients (C).
+        The first one after :meth:`after_load` may gather once more (F); its history says so."""
         self._stepped = True
         if self.engine is None:
             return self._idle()
-        return self.engine.step_started()
+        stats = self.engine.step_started()
+        self._first_step_after_load(self.engine)
+        return stats
+
+    def after_load(self) -> SyncStats:
+        """A checkpoint was loaded into the model and the optimizer and no step has run since: the
+        next :meth:`step_started` re-derives the params from the loaded fp32 main params, where that
+        step runs with the pre-hooks off, so the resumed run computes what the uninterrupted one
+        would have (F). Call before the first :meth:`step_started`; issues no collective."""
+        if self.engine is None:
+            return self._idle()
+        self._loaded()
+        return SyncStats(note="resume: params re-derived at the next step start where needed")
 
     def before_eval(self) -> SyncStats:
         """Eval is about to read the weights (the loop's forced sync has run): make them the

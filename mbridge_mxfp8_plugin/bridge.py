@@ -9,6 +9,8 @@ What each hook reads and does (Bridge fires them from ``train()`` and ``evaluate
   With ``PluginOptions(enabled=False)`` no engine is built and every hook returns at once.
 * ``on_train_step_start`` (has ``optimizer``): reset what a forced sync without a callback left
   behind (checkpoint save, weight-hash check) so this step gathers (C). A flag check otherwise.
+  The first one after a resume (``on_train_start`` saw a loaded step) re-derives the params from
+  the loaded main params if the loop runs that step with the pre-hooks off (F, :mod:`.resume`).
 * ``on_train_step_end``: when the loop will force a param sync before the next step (eval,
   periodic or non-persistent save, exit interval, last iteration), stage the fresh main params
   now, so that the framework's own forced all-gather collects weights, not gradients, and no
@@ -171,7 +173,10 @@ class MXFP8ParamSyncCallback(EngineHolder):
             # rest: the engine is then passive (and trusts the loop's gathers when judging evals).
             engine.loop_stages_itself()
         optimizer = getattr(context, "optimizer", None)
-        self._verify("checkpoint load", context.model, optimizer, when=bridge_resumed(context))
+        resumed = bridge_resumed(context)
+        if resumed and engine is not None:
+            self._loaded()  # F: re-derived at the first step start unless the loop keeps pre-hooks on
+        self._verify("checkpoint load", context.model, optimizer, when=resumed)
 
     def on_train_step_start(self, context: Any) -> None:
         engine = self._engine(context)
@@ -180,6 +185,8 @@ class MXFP8ParamSyncCallback(EngineHolder):
         stats = engine.step_started()
         if stats.groups_reset:
             self._record("on_train_step_start", stats)
+        # After step_started: the re-derivation leaves the groups synced for this step (F).
+        self._first_step_after_load(engine)
 
     def on_train_step_end(self, context: Any) -> None:
         engine = self._engine(context)

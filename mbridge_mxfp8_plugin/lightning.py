@@ -19,6 +19,9 @@ decide where the fixes must go:
 * NeMo 2's only forced sync is ``MegatronStrategy.save_checkpoint`` -> ``force_param_sync()``,
   with no Lightning hook after it; ``on_save_checkpoint`` runs just before it and
   ``on_train_batch_start`` resets what it leaves behind (C).
+* After a resume (``trainer.ckpt_path``) the first ``on_train_batch_start`` re-derives the params
+  from the loaded fp32 main params where that batch runs with the pre-hooks off (F,
+  :mod:`.resume`); NeMo 2 keeps them on, and the staging above makes its first forward gather them.
 """
 
 from __future__ import annotations
@@ -201,7 +204,10 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # After Lightning restored the optimizer state too (on_fit_start comes before that).
-        self._verify("checkpoint load", when=bool(getattr(trainer, "ckpt_path", None)))
+        resumed = bool(getattr(trainer, "ckpt_path", None))
+        if resumed and self.engine is not None:
+            self._loaded()  # F: re-derived at the first batch unless its pre-hooks are on
+        self._verify("checkpoint load", when=resumed)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Drop references to the model so a finished Trainer does not keep it alive through us.
@@ -218,6 +224,8 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         stats = engine.step_started()
         if stats.groups_reset:
             self._record("on_train_batch_start", stats)
+        # The first batch after a resume that runs with the pre-hooks off (F).
+        self._first_step_after_load(engine)
 
     def on_megatron_microbatches_start(self, step: Any = None, **kwargs: Any) -> None:
         """NeMo 2 ``MegatronParallel`` event: after ``zero_grad_buffer()``, before the first forward.

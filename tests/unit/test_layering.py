@@ -39,6 +39,8 @@ LAYERS: dict[str, int] = {
     "chunks": 3,  # finding the DDP chunks behind a caller's wrappers
     "sync": 4,
     "verify": 4,  # the weight check: reads only, beside the engine, never importing it
+    # defect F: re-derive the params after a checkpoint load (drives the engine)
+    "resume": 5,
     # where the two columns meet: what every adapter shares, incl. the train-start config check
     "_adapter": 6,
     "ensure": 6,  # ensure_weights_current: a repair on demand, through the engine
