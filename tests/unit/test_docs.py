@@ -184,3 +184,33 @@ def test_requirements_comments_name_modules_and_files_that_exist() -> None:
             assert importlib.util.find_spec(dotted) is not None, f"{req.name} names {dotted}"
         for path in re.findall(r"\b((?:tests|requirements|\.ci)/[\w./-]+\.\w+)", comments):
             assert (ROOT / path).exists(), f"{req.name} names {path}"
+
+
+def test_wheel_names_carry_the_package_version() -> None:
+    from mbridge_mxfp8_plugin import __version__
+
+    for doc in DOCS:
+        for version in re.findall(r"mbridge_mxfp8_plugin-([\w.]+)-py3-none-any\.whl", doc.read_text()):
+            assert version == __version__, f"{doc.name} names wheel {version}, the package is {__version__}"
+
+
+def _defect_ids(cell: str) -> set[str]:
+    return set(re.findall(r"\b(A|B1|B2|C)\b", cell))
+
+
+def test_readme_do_i_need_it_agrees_with_the_compatibility_table() -> None:
+    """The README's per-pair training defects are docs/compatibility.md's measured rows (E, which
+    that table leaves to eval-only jobs, aside)."""
+    measured: dict[tuple[int, str], set[str]] = {}
+    for line in (ROOT / "docs" / "compatibility.md").read_text().splitlines():
+        m = re.match(r"\| 0\.(\d+)\.\d+ \| (0\.\d+)\.\d+ \| 3\.\d+ \| ([^|]*)\|", line)
+        if m:
+            measured[(int(m.group(1)), m.group(2))] = _defect_ids(m.group(3))
+    readme = (ROOT / "README.md").read_text()
+    pair = r"^\| megatron-core 0\.(\d+)(?:-0\.(\d+)|\.x) \+ Bridge (0\.\d+)\.x \| ([^|]*)\|"
+    rows = re.findall(pair, readme, re.M)
+    assert len(rows) >= 4, rows
+    for first, last, bridge, cell in rows:
+        for minor in range(int(first), int(last or first) + 1):
+            if (minor, bridge) in measured:
+                assert _defect_ids(cell) == measured[(minor, bridge)], (minor, bridge, cell)
