@@ -411,6 +411,278 @@ def worker(args: argparse.Namespace) -> None:
     torch.distributed.destroy_process_group()
 
 
+# ------------------------------------------------------- the verifier on the TE-shaped type
+#: Issue 23's targets for the verifier on the TE-shaped type at 4B, with the one-pass cast.
+VERIFY_TARGETS = {"sampled_vs_eval": 0.25, "full_vs_eval": 1.0, "sampled_peak_bytes": 64 << 20}
+
+
+def _one_pass_te() -> Any:
+    """Swap the TE-shaped quantizer's cast for one pass per direction: codes = the source cast to
+    E4M3 directly, every scale byte 127 (unit scale). Stands in for TE's fused kernel (one read
+    of the source, one write of codes and scales) so the transition and the verifier's reference
+    cost what they would with TE; not TE's values, but the param and the reference agree."""
+    import contextlib
+
+    import torch
+
+    from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
+
+    @contextlib.contextmanager
+    def ctx() -> Any:
+        orig = TEShapedMXFP8Quantizer.update_quantized
+
+        def one_pass(self: Any, src: torch.Tensor, dst: Any, *, noop_flag: Any = None) -> Any:
+            with torch._C.DisableTorchFunctionSubclass():
+                values = torch.Tensor.reshape(src, dst.shape)
+                for used, data, scales in (
+                    (self.rowwise_usage, dst._rowwise_data, dst._rowwise_scale_inv),
+                    (self.columnwise_usage, dst._columnwise_data, dst._columnwise_scale_inv),
+                ):
+                    if used:
+                        data.view(torch.float8_e4m3fn).copy_(values.clamp(-448, 448))
+                        scales.fill_(127)
+            dst._fp8_dtype = self.dtype
+            return dst
+
+        TEShapedMXFP8Quantizer.update_quantized = one_pass  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            TEShapedMXFP8Quantizer.update_quantized = orig  # type: ignore[method-assign]
+
+    return ctx()
+
+
+def _verify_floor_bytes(job: Any) -> tuple[int, int]:
+    """Bytes the full check must read (main shards and owned param bytes; every param's bytes
+    when there is a replica to compare with), and the param bytes this rank holds."""
+    from mbridge_mxfp8_plugin.verify.weights import _buffer_params, _owned_shards
+
+    owned, _ = _owned_shards(job.optimizer)
+    world = __import__("torch").distributed.get_world_size()
+    held = 0
+    need = 0
+    for _, p in _buffer_params(list(job.model)):
+        per = 1 + 1 / 32 if hasattr(p, "_rowwise_data") else p.element_size()  # codes + scales
+        held += int(p.numel() * (2 if hasattr(p, "_columnwise_data") else 1) * per)
+        o = owned.get(p)
+        if o is not None:
+            need += int((o.end - o.start) * (4 + per))
+        if world > 1:
+            need += int(p.numel() * per)
+    return need, held
+
+
+def _measure_verify_te(label: str, hidden: int, layers: int) -> dict[str, Any]:
+    """Eval transition, sampled and full check, peak memory and the full check's floor, on the
+    TE-shaped type, with the emulated (TE-rule) cast and with the one-pass cast."""
+    import torch
+
+    from mbridge_mxfp8_plugin import ParamSyncEngine, verify_weights
+    from mbridge_mxfp8_plugin.options import DEFAULT_VERIFY_SAMPLE
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+
+    job = build_job(ToyConfig(dims=(hidden,) * (layers + 1), micro_batch_size=4))
+    _train_one_step(job)
+    engine = ParamSyncEngine(job.model, job.optimizer)
+    engine.prepare()
+    world = torch.distributed.get_world_size()
+    res: dict[str, Any] = {"size": label, "params": sum(p.numel() for p in job.model[0].parameters())}
+    res["dp"], res["sample"] = world, DEFAULT_VERIFY_SAMPLE
+    res["mxfp8_type"] = sorted({type(p).__name__ for p in job.model[0].parameters()})
+
+    def reset() -> None:
+        engine.step_started()
+        for g in engine.bucket_groups():
+            g.param_gather_dispatched = False
+
+    def transition() -> None:  # the Bridge callback's eval path (see _measure_size)
+        engine.before_forced_sync()
+        for chunk in job.model:
+            chunk.start_param_sync(force_sync=True)
+        engine.before_eval()
+        engine.after_forced_sync()
+
+    for cast, quant in (("emulated", None), ("onepass", _one_pass_te)):
+        with quant() if quant else _nothing():
+            res[f"eval_{cast}_s"] = _timeit(transition, reset)
+            reset()
+            transition()  # the weights are current: what the option checks after an eval
+            for kind, sample in (("sampled", DEFAULT_VERIFY_SAMPLE), ("full", 1.0)):
+
+                def check(sample: float = sample) -> Any:
+                    return verify_weights(job.model, job.optimizer, event="benchmark", sample=sample)
+
+                report = check()
+                key = f"{kind}_{cast}"
+                res[f"{key}_ok"] = report.ok and not report.unchecked
+                res[f"{key}_unchecked"] = len(report.unchecked)
+                res[f"{key}_paths"] = report.reference_paths
+                res[f"{key}_elements"] = report.elements_checked
+                res[f"{key}_s"] = _timeit(check)
+                before = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+                res[f"{key}_peak_extra_bytes"] = _peak_extra(check)
+                after = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+                res[f"{key}_persistent_bytes"] = int(after - before)
+    need, held = _verify_floor_bytes(job)
+    dev = job.model[0].module.layers[0].bias.device
+    big = torch.empty(1 << 26, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(big)
+    bw = 2 * big.numel() * big.element_size() / _timeit(lambda: dst.copy_(big))  # read + write
+    res.update(full_floor_bytes=need, param_bytes_held=held, copy_bandwidth_Bps=bw, full_floor_s=need / bw)
+    return res
+
+
+def verify_worker(args: argparse.Namespace) -> None:
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    os.environ["MXFP8_PARAM_KIND"] = "te"
+    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    import megatron.core
+
+    out: dict[str, Any] = {"core": megatron.core.__version__, "torch": torch.__version__, "sizes": []}
+    with cpu_shim(), emulated_mxfp8():
+        for label in args.sizes.split(","):
+            hidden, layers = SIZES[label] if label in SIZES else tuple(int(v) for v in label.split("x"))
+            out["sizes"].append(_measure_verify_te(label, hidden, layers))
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            if torch.distributed.get_rank() == 0:
+                print(json.dumps(out["sizes"][-1]), flush=True)
+    if torch.distributed.get_rank() == 0:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    torch.distributed.destroy_process_group()
+
+
+def verify_rows(raw: dict[str, Any], core: str) -> list[dict[str, Any]]:
+    """Ratios and checks per size, flat (one CSV row each)."""
+    rows = []
+    for size in raw["sizes"]:
+        row = {"core": core, **{k: v for k, v in size.items() if not k.endswith("_paths")}}
+        row["mxfp8_type"] = ",".join(size["mxfp8_type"])
+        for cast in ("onepass", "emulated"):
+            for kind in ("sampled", "full"):
+                row[f"ratio_{kind}_vs_eval_{cast}"] = size[f"{kind}_{cast}_s"] / size[f"eval_{cast}_s"]
+        row["ratio_full_vs_floor"] = size["full_onepass_s"] / size["full_floor_s"]
+        budget = max(VERIFY_TARGETS["sampled_peak_bytes"], size["param_bytes_held"] // 100)
+        row["peak_budget_bytes"] = budget
+        row["pass_no_false_alarm"] = all(
+            size[f"{k}_{c}_ok"] for k in ("sampled", "full") for c in ("onepass", "emulated")
+        )
+        row["pass_peak"] = all(
+            size[f"{k}_{c}_peak_extra_bytes"] <= budget
+            for k in ("sampled", "full")
+            for c in ("onepass", "emulated")
+        )
+        row["pass_sampled_vs_eval"] = (
+            row["ratio_sampled_vs_eval_onepass"] <= VERIFY_TARGETS["sampled_vs_eval"]
+        )
+        row["pass_full_vs_eval"] = row["ratio_full_vs_eval_onepass"] <= VERIFY_TARGETS["full_vs_eval"]
+        rows.append(row)
+    return rows
+
+
+def verify_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib not installed: no plot at {path}")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = [
+        ("eval transition, one-pass cast", "eval_onepass_s"),
+        ("eval transition, emulated cast", "eval_emulated_s"),
+        ("sampled check, one-pass", "sampled_onepass_s"),
+        ("full check, one-pass", "full_onepass_s"),
+        ("full check's floor (bytes / HBM bw)", "full_floor_s"),
+    ]
+    fig, (ax, mem) = plt.subplots(1, 2, figsize=(11, 4.5))
+    labels = [f"{r['size']}\ncore {r['core']}" for r in rows]
+    width = 0.16
+    for i, (name, key) in enumerate(series):
+        ax.bar(
+            [x + (i - 2) * width for x in range(len(rows))], [r[key] * 1e3 for r in rows], width, label=name
+        )
+    ax.set_xticks(range(len(rows)), labels)
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.set_title(f"verify_weights on the TE-shaped MXFP8 type, DP={rows[0]['dp'] if rows else '?'}")
+    ax.legend(fontsize=7)
+    for i, key in enumerate(("sampled_onepass_peak_extra_bytes", "full_onepass_peak_extra_bytes")):
+        mem.bar(
+            [x + (i - 0.5) * 0.3 for x in range(len(rows))], [r[key] / 2**20 for r in rows], 0.3, label=key
+        )
+    mem.axhline(VERIFY_TARGETS["sampled_peak_bytes"] / 2**20, color="k", ls="--", label="64 MiB")
+    mem.set_xticks(range(len(rows)), labels)
+    mem.set_ylabel("extra peak memory (MiB, torch.cuda.max_memory_allocated)")
+    mem.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """One worker per core install (or the current environment), then JSON, CSV and a plot."""
+    import csv
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    raws: dict[str, Any] = {}
+    for spec in args.core or ["installed="]:
+        version, path = spec.split("=", 1)
+        json_path = out / f"verify_te_{version.replace('.', '')}.json"
+        env = dict(os.environ, PYTHONPATH=f"{path}:{REPO}:{os.environ.get('PYTHONPATH', '')}")
+        env.update(NO_VCS_VERSION="1", MXFP8_PARAM_KIND="te")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), __file__,
+               "verify-worker", "--sizes", args.sizes, "--json", str(json_path)]  # fmt: skip
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, env=env, check=True)
+        raws[version] = json.loads(json_path.read_text())
+        rows.extend(verify_rows(raws[version], raws[version]["core"]))
+    checks = [
+        (f"{r['size']} core {r['core']}: {name}", bool(r[key]))
+        for r in rows
+        for name, key in (
+            ("no false alarm, nothing unchecked", "pass_no_false_alarm"),
+            ("peak <= budget", "pass_peak"),
+        )
+    ] + [
+        (f"{r['size']} core {r['core']}: {name}", bool(r[key]))
+        for r in rows
+        if r["size"] == "4B"
+        for name, key in (
+            ("sampled <= 0.25 x eval (one-pass)", "pass_sampled_vs_eval"),
+            ("full <= 1.0 x eval (one-pass)", "pass_full_vs_eval"),
+        )  # fmt: skip
+    ]
+    for name, ok in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    result = {
+        "targets": VERIFY_TARGETS,
+        "rows": rows,
+        "raw": raws,
+        "checks": checks,
+        "all_pass": all(c[1] for c in checks),
+    }
+    (out / "verify_te.json").write_text(json.dumps(result, indent=2))
+    with open(out / "verify_te.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        writer.writeheader()
+        writer.writerows(rows)
+    verify_plot(rows, out / "verify_te.png")
+    print(f"verify_te: {'PASS' if result['all_pass'] else 'FAIL'} ({out}/verify_te.{{json,csv,png}})")
+    return 0
+
+
 # ----------------------------------------------------------------------------------- driver
 #: Targets of issue 12, with the one-pass quantizer (the emulation's ~ten fp32 passes per weight
 #: would otherwise dominate both sides): checked at 1B and 4B, in every pass.
@@ -683,6 +955,14 @@ def main() -> int:
     r.add_argument("--passes", type=int, default=2, help="interleaved passes; every target must hold in each")
     r.add_argument("--no-host", dest="host", action="store_false", help="skip the 10k-param host-time model")
     r.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    vw = sub.add_parser("verify-worker")
+    vw.add_argument("--sizes", default=DEFAULT_SIZES)
+    vw.add_argument("--json", required=True)
+    v = sub.add_parser("verify", help="the weight verifier on the TE-shaped type (issue 23)")
+    v.add_argument("--core", action="append", help="VERSION=PYTHONPATH; default: the installed one")
+    v.add_argument("--sizes", default=DEFAULT_SIZES)
+    v.add_argument("--nproc", type=int, default=1)
+    v.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "verify_te"))
     p = sub.add_parser("replot")
     p.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "eval_sync.json"))
     args = parser.parse_args()
@@ -691,6 +971,11 @@ def main() -> int:
     if args.cmd == "worker":
         worker(args)
         return 0
+    if args.cmd == "verify-worker":
+        verify_worker(args)
+        return 0
+    if args.cmd == "verify":
+        return run_verify(args)
     return run(args)
 
 
