@@ -255,8 +255,15 @@ def _case_sampling() -> dict[str, Any]:
     assert mine[aligned][0].shape[-1] % 32 == 0 and mine[odd][0].shape[-1] % 32 != 0
 
     def storage(param: Any) -> torch.Tensor:
+        """Where the param keeps its elements: TE-shaped codes, or the values."""
+        codes = getattr(param, "_rowwise_data", None)
+        if codes is not None:
+            return codes.view(-1)
         with torch._C.DisableTorchFunctionSubclass():
             return param.data.view(-1)
+
+    def negate(block: torch.Tensor) -> None:
+        block.bitwise_xor_(0x80) if block.dtype == torch.uint8 else block.neg_()  # E4M3 sign bit
 
     param, own = mine[aligned]
     flat = storage(param)
@@ -275,7 +282,7 @@ def _case_sampling() -> dict[str, Any]:
         start = row * last
         assert own.start <= start and start + 32 <= own.end
         with torch.no_grad():
-            storage(param)[start : start + 32].neg_()
+            negate(storage(param)[start : start + 32])
     rec["one_block_full"] = verify_weights(job.model, job.optimizer, event="one block", sample=1.0)
     rec["one_block_sampled"] = [
         verify_weights(job.model, job.optimizer, event="one block") for _ in range(rec["stride"])
