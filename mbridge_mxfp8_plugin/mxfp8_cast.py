@@ -1,4 +1,4 @@
-"""Transformer Engine's rowwise MXFP8 cast, as a pure tensor function (torch only).
+"""Transformer Engine's MXFP8 cast (row-wise and column-wise), as pure tensor functions (torch only).
 
 A leaf of the package so that the weight verifier (:mod:`mbridge_mxfp8_plugin.verify`) can
 quantize a reference where the param offers no quantizer of its own, without importing the test
@@ -26,14 +26,20 @@ The rule, per block of 32 consecutive elements along the last dimension:
   keeps every ``|x * m|`` at or below 448, so saturation only matters for non-finite inputs.
 
 Last dimensions that are not a multiple of 32 (TE refuses them) are zero-padded, which leaves
-amax unchanged. No columnwise copy, no scale swizzling, no E5M2.
+amax unchanged.
+
+The column-wise copy (what TE's backward GEMMs read for the weight, produced by the same kernel
+from the same input) is the same rule applied to blocks of 32 consecutive *rows* of each column
+of the tensor flattened to 2-D ``(prod(shape[:-1]), shape[-1])``: :func:`mxfp8_cast_columnwise`,
+scales shaped ``(ceil(rows / 32), last)``. :func:`mxfp8_decode` turns codes and scales (either
+direction, unpadded or padded to TE's tiles) back into values. No scale swizzling, no E5M2.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["MXFP8_BLOCK", "mxfp8_cast", "mxfp8_quantize"]
+__all__ = ["MXFP8_BLOCK", "mxfp8_cast", "mxfp8_cast_columnwise", "mxfp8_decode", "mxfp8_quantize"]
 
 MXFP8_BLOCK = 32
 _E4M3_MAX = 448.0
@@ -97,12 +103,53 @@ def mxfp8_cast(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return elements, exponent.to(torch.uint8).reshape(*lead, blocks.shape[1])
 
 
-def mxfp8_quantize(values: torch.Tensor) -> torch.Tensor:
+def _as_rows(values: torch.Tensor) -> torch.Tensor:
+    """The 2-D ``(prod(shape[:-1]), shape[-1])`` view TE's kernels see."""
+    last = values.shape[-1] if values.dim() > 0 else 1
+    return values.reshape(-1, last)
+
+
+def mxfp8_cast_columnwise(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """TE's column-wise MXFP8 cast of ``values``: ``(elements, exponents)``.
+
+    Blocks are 32 consecutive rows of one column of the 2-D view (a first dimension that is not a
+    multiple of 32 is zero-padded, like the row-wise cast's last dimension). ``elements`` has the
+    shape of ``values``; ``exponents`` is uint8 ``(ceil(rows / 32), last)``, unpadded.
+    """
+    rows = _as_rows(values)
+    elements, exponents = mxfp8_cast(rows.t())  # the row-wise rule on the transpose
+    return elements.t().reshape(values.shape), exponents.t().contiguous()
+
+
+def mxfp8_decode(
+    codes: torch.Tensor, exponents: torch.Tensor, *, columnwise: bool = False
+) -> torch.Tensor:
+    """fp32 values of MXFP8 ``codes`` (``float8_e4m3fn``, or their uint8 bytes) and E8M0
+    ``exponents`` (uint8), by TE's dequantization: ``element * 2**(e - 127)``, 0 for ``e == 0``.
+
+    ``exponents`` may carry TE's tile padding (rows and columns beyond the blocks): it is cropped.
+    """
+    elements = codes.view(torch.float8_e4m3fn) if codes.dtype == torch.uint8 else codes
+    rows = _as_rows(elements).float()
+    n, last = rows.shape
+    if columnwise:
+        scale = exponents[: -(-n // MXFP8_BLOCK), :last].to(torch.int32)
+        scale = _pow2(scale).repeat_interleave(MXFP8_BLOCK, dim=0)[:n]
+    else:
+        scale = exponents[:n, : -(-last // MXFP8_BLOCK)].to(torch.int32)
+        scale = _pow2(scale).repeat_interleave(MXFP8_BLOCK, dim=1)[:, :last]
+    return (rows * scale).reshape(codes.shape)
+
+
+def mxfp8_quantize(values: torch.Tensor, *, columnwise: bool = False) -> torch.Tensor:
     """Round ``values`` onto the MXFP8 grid as TE's rowwise cast does; returns the fp32 values.
 
     Used both by the emulated param's writes and by the reference runs' on-the-fly
-    quantization, so the two runs see bit-identical weights.
+    quantization, so the two runs see bit-identical weights. ``columnwise=True``: the values of
+    TE's column-wise copy instead (:func:`mxfp8_cast_columnwise`).
     """
+    if columnwise:
+        return mxfp8_decode(*mxfp8_cast_columnwise(values), columnwise=True)
     blocks, last = _blocks(values)
     elements, exponent = _cast_blocks(blocks)
     q = elements.float().mul_(_pow2(exponent))

@@ -9,6 +9,9 @@ It is here for users who want to check their own loop (train -> eval -> save -> 
   ``device='cuda'`` code runs on CPU (streams and events stubbed, collectives real over gloo).
 * ``emulated_mxfp8`` -- an emulated MXFP8 parameter type registered where megatron-core looks for
   Transformer Engine's, so core takes its MXFP8 code paths (and shows defects A, B and C).
+  ``MXFP8_PARAM_KIND=te`` selects ``te_mxfp8`` instead: a param shaped like Transformer Engine's
+  ``MXFP8Tensor`` (uint8 codes and E8M0 scales in both directions, a ``_quantizer``), so the
+  Transformer Engine branches of core and of the plugin run too.
 * ``launcher`` -- ``launch(fn, world_size)`` runs a module-level function on N spawned ranks.
 * ``toy`` -- a tiny model plus ``build_job`` (DDP + distributed optimizer in the reuse mode) and
   deterministic batches: the smallest job that exercises every bucket path.
@@ -26,17 +29,33 @@ from .emulated_mxfp8 import (
     emulated_mxfp8,
     make_mxfp8_param,
     mxfp8_quantize,
+    mxfp8_reference_weight,
+    param_kind,
 )
 from .launcher import RankFailed, launch
+from .te_mxfp8 import (
+    TEShapedMXFP8Quantizer,
+    TEShapedMXFP8Tensor,
+    TEShapedQuantizedTensor,
+    make_te_mxfp8_param,
+    te_shaped_mxfp8,
+)
 
 __all__ = [
     "EmulatedMXFP8Tensor",
     "EmulatedQuantizedTensor",
     "RankFailed",
+    "TEShapedMXFP8Quantizer",
+    "TEShapedMXFP8Tensor",
+    "TEShapedQuantizedTensor",
     "cpu_shim",
     "emulated_mxfp8",
     "launch",
     "make_mxfp8_param",
+    "make_te_mxfp8_param",
     "mxfp8_quantize",
+    "mxfp8_reference_weight",
+    "param_kind",
     "shim_needed",
+    "te_shaped_mxfp8",
 ]

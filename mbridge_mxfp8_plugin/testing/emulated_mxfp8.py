@@ -31,26 +31,50 @@ Re-quantizing dequantized values (what a checkpoint load does: checkpoints hold 
 values but not always the bytes: a block whose dequantized max is at most ``224 * s`` comes back
 with scale ``s / 2`` and doubled codes, in TE as here. The param keeps values only, so a load
 through ``copy_`` gives TE's values, and :func:`mxfp8_cast` gives TE's bytes for them.
+
+Which emulation a harness gets: :func:`make_mxfp8_param`, :func:`emulated_mxfp8` and
+:func:`mxfp8_reference_weight` read ``MXFP8_PARAM_KIND`` at call time: ``values`` (default, this
+module's type) or ``te`` (:mod:`.te_mxfp8`, bytes and scales in both directions, the shape of
+Transformer Engine's tensor), so the same tests run against either.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ..mxfp8_cast import mxfp8_cast, mxfp8_quantize
+from .te_mxfp8 import TEShapedMXFP8Quantizer, make_te_mxfp8_param, te_shaped_mxfp8
 
 __all__ = [
     "EmulatedMXFP8Tensor",
     "EmulatedQuantizedTensor",
     "emulated_mxfp8",
+    "PARAM_KIND_ENV",
     "make_mxfp8_param",
     "mxfp8_cast",
     "mxfp8_quantize",
+    "mxfp8_reference_weight",
+    "param_kind",
 ]
+
+PARAM_KIND_ENV = "MXFP8_PARAM_KIND"
+_KINDS = ("values", "te")
+
+
+def param_kind() -> str:
+    """The emulation the kit builds: ``MXFP8_PARAM_KIND`` = ``values`` (default) or ``te``."""
+    kind = os.environ.get(PARAM_KIND_ENV, "").strip().lower() or "values"
+    if kind not in _KINDS:
+        raise ValueError(
+            f"{PARAM_KIND_ENV}={os.environ[PARAM_KIND_ENV]!r} is not an MXFP8 param kind: "
+            "set it to 'values' (the default) or 'te'"
+        )
+    return kind
 
 
 class EmulatedQuantizedTensor(torch.Tensor):
@@ -102,7 +126,10 @@ class EmulatedMXFP8Tensor(EmulatedQuantizedTensor):
 
 
 def make_mxfp8_param(init_values: torch.Tensor) -> torch.nn.Parameter:
-    """A trainable emulated-MXFP8 parameter initialised from ``init_values`` (kept for the optimizer)."""
+    """A trainable emulated-MXFP8 parameter initialised from ``init_values`` (kept for the optimizer),
+    of the kind :func:`param_kind` selects."""
+    if param_kind() == "te":
+        return make_te_mxfp8_param(init_values)
     init = init_values.detach().to(torch.bfloat16)
     storage = mxfp8_quantize(init).to(torch.bfloat16)
     tensor = storage.as_subclass(EmulatedMXFP8Tensor)
@@ -120,8 +147,12 @@ def emulated_mxfp8() -> Iterator[None]:
     """Register the emulated classes in ``megatron.core.fp8_utils`` (reversible).
 
     ``is_float8tensor``/``is_mxfp8tensor`` read these globals at call time, so every module that
-    imported those functions sees the emulation.
+    imported those functions sees the emulation. Registers the classes of :func:`param_kind`.
     """
+    if param_kind() == "te":
+        with te_shaped_mxfp8():
+            yield
+        return
     from megatron.core import fp8_utils
 
     saved: dict[str, Any] = {name: getattr(fp8_utils, name, None) for name in _GLOBALS}
@@ -134,3 +165,17 @@ def emulated_mxfp8() -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(fp8_utils, name, value)
+
+
+def mxfp8_reference_weight(weight: torch.Tensor) -> torch.Tensor:
+    """What a reference run (bf16 weights, MXFP8 rounding on the fly, no fp8 param gather) computes
+    with, so that it sees exactly the values the MXFP8 run of :func:`param_kind` sees.
+
+    ``values``: the row-wise values, straight-through for the gradient. ``te``: a TE-shaped tensor
+    quantized from ``weight`` (the forward GEMM reads the row-wise copy, the grad-input GEMM the
+    column-wise one; the gradient passes through the cast unchanged, as in TE).
+    """
+    if param_kind() == "te":
+        return TEShapedMXFP8Quantizer(rowwise=True, columnwise=True)(weight)
+    q = mxfp8_quantize(weight).to(weight.dtype)
+    return weight + (q - weight).detach()

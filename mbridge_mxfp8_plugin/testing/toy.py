@@ -1,8 +1,8 @@
 """A tiny model and the megatron-core objects around it, as a training job would build them.
 
-Three linear layers whose weights are MXFP8 (emulated) and whose biases stay bf16. Shapes are
-chosen so that no weight's numel is a multiple of 64: the distributed optimizer then pads every
-param start, which is exactly what defect A mis-indexes.
+Three linear layers whose weights are MXFP8 (emulated, of the kind ``MXFP8_PARAM_KIND`` selects)
+and whose biases stay bf16. Shapes are chosen so that no weight's numel is a multiple of 64: the
+distributed optimizer then pads every param start, which is exactly what defect A mis-indexes.
 
 ``reference=True`` builds the comparison run: plain bf16 weights, the *same* MXFP8 rounding
 applied on the fly in forward (straight-through), no fp8 param gather. Both runs therefore see
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .emulated_mxfp8 import make_mxfp8_param, mxfp8_quantize
+from .emulated_mxfp8 import make_mxfp8_param, mxfp8_quantize, mxfp8_reference_weight
 
 __all__ = ["ToyConfig", "ToyModel", "build_job", "Job", "make_batches"]
 
@@ -75,9 +75,8 @@ class _QuantizedLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w: torch.Tensor = self.weight
         if self.reference:
-            # Same rounding the MXFP8 param applies on write; straight-through for the grad.
-            q = mxfp8_quantize(w).to(w.dtype)
-            w = w + (q - w).detach()
+            # Same rounding the MXFP8 param applies on write (both copies for the TE-shaped kind).
+            w = mxfp8_reference_weight(w)
         return torch.nn.functional.linear(x, w, self.bias)
 
 
