@@ -284,7 +284,6 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "host-refresh": host_refresh,
         "plugin-full": plugin_full,
     },
-    "docs/verify.md": {"verify-ratio": verify_ratio},
     "docs/layout.md": {"layers": layers_table},
 }
 

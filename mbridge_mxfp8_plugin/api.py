@@ -37,8 +37,11 @@ on exit.
 Cost: ``step_started`` is a flag check per bucket group. On megatron-core < 0.19 ``before_eval``
 issues one all-gather of the params (the loop's own forced gather collected gradients; the
 Bridge callback avoids it because Bridge tells it in advance that an eval follows), and on core
-< 0.18 ``before_save`` issues one (core writes no forced gather back). With Megatron-LM
-core_v0.19 and megatron-core >= 0.19, which fixed all of it upstream, every call does nothing.
+< 0.18 ``before_save`` issues one (core writes no forced gather back). After ``after_load``, the
+first ``step_started`` issues one where that step runs with the pre-hooks off, as Megatron-LM's
+``train()`` does (F; none where the checkpoint loader re-derives the params itself, Megatron-LM
+main #6666). With Megatron-LM core_v0.19 and megatron-core >= 0.19, which fixed A-C upstream,
+every other call does nothing.
 When the job does not use MXFP8 params with ``reuse_grad_buf_for_mxfp8_param_ag`` and the
 distributed optimizer, or ``PluginOptions(enabled=False)``, the object is inert: one rank-zero
 log line, then no work.

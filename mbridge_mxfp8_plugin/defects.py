@@ -22,6 +22,7 @@ __all__ = [
     "Hazard",
     "HazardSide",
     "LoopStaging",
+    "ResumeSide",
     "NEMO_LAST_RELEASE",
     "NEMO_LOOP",
     "NEMO_TERMS",
@@ -84,11 +85,21 @@ DEFECTS: dict[str, Defect] = {
             "megatron-bridge training/train.py and megatron-core's forward pre-hook",
             "not fixed upstream",
         ),
+        Defect(
+            "F",
+            "a resume re-quantizes the MXFP8 params from the checkpoint's bf16 values, not from the fp32 "
+            "main params (some block scales and the column-wise copy differ, at bit level); the first "
+            "step after the load computes with them where the loop runs it with the pre-hooks off",
+            "the checkpoint load (each param's copy_ quantizes the loaded bf16) and the loop's first "
+            "step after it (Megatron-LM training.py, megatron-bridge training/train.py)",
+            "megatron-bridge 0.6.0 (#5066, pre-hooks on after an MXFP8 resume); Megatron-LM main after "
+            "core_v0.19.2 (#6666)",
+        ),
     )
 }
 
 
-#: The defects a training run (not an eval-only job) can hit, in table order.
+#: The defects every training run can hit, in table order (E needs an eval-only job, F a resume).
 TRAINING_DEFECTS = ("A", "B1", "B2", "C")
 
 
@@ -141,6 +152,9 @@ NEMO_TERMS: dict[str, str] = {
     "the weights the validation or the save left",
     "E": "trainer.validate() or trainer.test() with no fit before it: the first forward's pre-hook "
     "gathers the never-staged shared buffer over the initialised or loaded weights",
+    "F": "NeMo keeps the pre-hooks on after a load, so the first step gathers whatever was staged: "
+    "with the Lightning callback's staging (stage_for_nemo_steps) the loaded main params, which "
+    "re-derives the params; without it nothing is staged at all (B2)",
 }
 
 
@@ -169,6 +183,14 @@ class LoopStaging(Protocol):
     def stages_before_every_forced_sync(self) -> bool: ...
 
 
+class ResumeSide(Protocol):
+    """What the F verdict needs of a resume probe
+    (:class:`mbridge_mxfp8_plugin.probes.resume.ResumeBehaviour`)."""
+
+    @property
+    def loop_fixes_f(self) -> bool: ...
+
+
 def core_defects(core: CoreSide | None) -> dict[str, bool | None]:
     """Core-side defect id (A, B1, C) -> present; ``None`` where it is unknown (no megatron-core,
     or a behaviour that was not probed): unknown is never reported as "none"."""
@@ -178,17 +200,22 @@ def core_defects(core: CoreSide | None) -> dict[str, bool | None]:
     return {d: None if ok is None else not ok for d, ok in fixed.items()}
 
 
-def defects_present(core: CoreSide | None, loop: LoopStaging | None) -> dict[str, bool | None]:
+def defects_present(
+    core: CoreSide | None, loop: LoopStaging | None, resume: ResumeSide | None = None
+) -> dict[str, bool | None]:
     """Every defect of :data:`DEFECTS` -> present in this stack (``None``: unknown).
 
     B2 is the loop's: present unless the loop stages the main params before *every* forced sync
     (Bridge 0.6); a loop that stages before evals only (Bridge 0.5) still saves gathered
     gradients, and with no Bridge installed any hand-written loop is assumed not to stage. E is
-    in no release's fix list: an eval-only job never stages.
+    in no release's fix list: an eval-only job never stages. F is present unless the loop keeps
+    the pre-hooks on for the first step after an MXFP8 resume or its loader re-derives the params;
+    unknown when the resume side was not probed.
     """
     present: dict[str, bool | None] = dict(core_defects(core))
     present["B2"] = loop is None or not loop.stages_before_every_forced_sync
     present["E"] = True
+    present["F"] = None if resume is None else not resume.loop_fixes_f
     return {d: present[d] for d in DEFECTS}
 
 

@@ -37,6 +37,7 @@ from .defects import (
     hazards_exposed,
 )
 from .probes import installed_versions, probe_bridge_files, probe_core_files, probe_hazard_files
+from .probes.resume import probe_resume_files
 
 __all__ = ["add_doctor_parser", "diagnose", "render"]
 
@@ -51,6 +52,8 @@ def _plugin_action(defect: str, present: bool | None, partial: str = "") -> str:
             "B2": "nothing: the loop stages before every forced sync; the callback stays passive",
             "C": "nothing: core resets the dispatch state when the loop stages",
             "E": "nothing",
+            "F": "nothing: the loop keeps the pre-hooks on for the first step after an MXFP8 resume, "
+            "or its checkpoint loader re-derives the params",
         }[defect]
     if defect == "B2" and partial == "NeMo 2":
         return (
@@ -67,6 +70,9 @@ def _plugin_action(defect: str, present: bool | None, partial: str = "") -> str:
         + "; the Bridge callback adds no all-gather, the loop API one per eval",
         "C": "resets param_gather_dispatched when the next step starts and after each eval or save",
         "E": "keeps the loaded weights: marks the bucket groups synced before an eval without an optimizer",
+        "F": "re-derives the params from the loaded fp32 main params before the first step after a load "
+        "that runs with the pre-hooks off (Bridge on_train_step_start, Lightning on_train_batch_start, "
+        "loop API after_load)",
     }[defect]
 
 
@@ -126,7 +132,9 @@ def diagnose() -> dict[str, Any]:
     elif not core.has_reuse_knob:
         report["error"] = "megatron-core has no reuse_grad_buf_for_mxfp8_param_ag: nothing to fix"
         return report
-    present = defects_present(core, loop)
+    resume = probe_resume_files()
+    report["resume"] = resume.as_dict()
+    present = defects_present(core, loop, resume)
     partial = ""
     if loop is None and nemo_loop:
         partial = "NeMo 2"
@@ -207,6 +215,8 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
         )
         p(f"  on_eval_start after model.eval():                  {loop['on_eval_start_after_model_eval']}")
         p(f"  fires on_checkpoint_save (after the save):         {loop['fires_on_checkpoint_save']}")
+        keeps = (report.get("resume") or {}).get("keeps_prehooks_on_mxfp8_resume")
+        p(f"  keeps the pre-hooks on for an MXFP8 resume (F):    {keeps}")
     else:
         p("Megatron-Bridge: not installed (B2 judged for a loop that does not stage)")
     if report.get("nemo"):

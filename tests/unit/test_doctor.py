@@ -229,3 +229,34 @@ def test_doctor_on_nemo_speech_says_there_is_no_llm_stack(monkeypatch) -> None:
     assert "nemo_toolkit 3.0.0: NeMo Speech, no NeMo 2 LLM stack" in text
     assert "NeMo 2.7 is the last NeMo with the LLM stack" in text
     assert "in NeMo 2:" not in text and "NeMo 2 loop" not in text
+
+
+@pytest.mark.parametrize(
+    ("keeps_prehooks", "loader_rederives", "present"),
+    [
+        (False, False, True),  # Bridge <= 0.5 / Megatron-LM core_v0.19: pre-hooks off after a load
+        (True, False, False),  # Bridge >= 0.6 (#5066): the first step stages and gathers the main params
+        (None, True, False),  # Megatron-LM main (#6666): the loader re-derives after a load
+        (None, False, True),  # no Bridge, no re-deriving loader: a hand-written loop is assumed not to
+    ],
+)
+def test_f_is_decided_from_the_resume_probe(keeps_prehooks, loader_rederives, present) -> None:
+    from mbridge_mxfp8_plugin.defects import defects_present
+    from mbridge_mxfp8_plugin.probes.resume import ResumeBehaviour
+
+    resume = ResumeBehaviour(keeps_prehooks_on_mxfp8_resume=keeps_prehooks, loader_rederives=loader_rederives)
+    assert defects_present(None, None, resume)["F"] is present
+    assert defects_present(None, None)["F"] is None  # not probed: unknown, never "fixed"
+
+
+def test_doctor_reads_the_resume_side(monkeypatch) -> None:
+    """doctor's F verdict follows the probe (a loop that keeps the pre-hooks on: F fixed)."""
+    from mbridge_mxfp8_plugin import doctor
+    from mbridge_mxfp8_plugin.probes.resume import ResumeBehaviour
+
+    for keeps, expected in ((True, False), (False, True)):
+        monkeypatch.setattr(doctor, "probe_resume_files", lambda k=keeps: ResumeBehaviour(k, False))
+        report = doctor.diagnose()
+        if report["defects"]:
+            assert report["defects"]["F"]["present"] is expected
+            assert "F" not in report["present"]  # a resume-only defect: not in the training list
