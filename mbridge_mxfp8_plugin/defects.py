@@ -5,7 +5,9 @@ the hazards), the README and docs cite them. A *defect* is what the plugin repai
 a known upstream failure around MXFP8 reuse that it cannot repair, so ``check`` and the
 train-start check refuse the config and name the YAML that avoids it. Which ones a stack has is
 decided here once, from behaviours probed elsewhere (:mod:`.probes`); this module imports nothing
-of the package, so every layer may read it.
+of the package, so every layer may read it. The same defects in NeMo 2's terms (:data:`NEMO_LOOP`,
+:data:`NEMO_TERMS`) sit here too, so ``doctor`` speaks to NeMo 2 users without a second table.
+The docs' copies of the tables are rendered from this module by ``docs/render.py``.
 """
 
 from __future__ import annotations
