@@ -194,6 +194,10 @@ def verify_table() -> str:
     )
 
 
+def _mib(values: list[int]) -> str:
+    return " / ".join(f"{v / 2**20:.0f}" for v in values) + " MiB"
+
+
 def _gb(values: list[int]) -> str:
     return " / ".join(f"{v / 1e9:.2f}" for v in values) + " GB"
 
@@ -239,6 +243,32 @@ def host_refresh() -> str:
 def plugin_full() -> str:
     """The loop API's full refresh on core 0.16.1 (stage + gather + write-back), per size."""
     return ", ".join(f"{_ms([r['plugin_full_plainquant_s'] for r in _rows(s)])} at {s}" for s in ("1B", "4B"))
+
+
+#: The weight verifier's own run (``benchmarks/eval_sync.py verify``, the TE-shaped type), when
+#: one has been committed; until then the verifier figures come from :data:`RESULTS`.
+VERIFY_RESULTS = ROOT / "benchmarks" / "results" / "verify_te" / "verify_te.json"
+
+
+def verify_te_table() -> str:
+    """The verifier on the TE-shaped type, per size and megatron-core release."""
+    result = json.loads(VERIFY_RESULTS.read_text())
+    out = [
+        "| model | core | eval transition (one-pass / emulated) | sampled check | full check "
+        "| sampled / eval | full / eval | full / its floor | extra peak (sampled / full) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        out.append(
+            f"| {r['size']} | {r['core']} | {_ms([r['eval_onepass_s'], r['eval_emulated_s']])} "
+            f"| {_ms([r['sampled_onepass_s']])} | {_ms([r['full_onepass_s']])} "
+            f"| **{r['ratio_sampled_vs_eval_onepass']:.2f}** | {r['ratio_full_vs_eval_onepass']:.2f} "
+            f"| {r['ratio_full_vs_floor']:.2f} "
+            f"| {_mib([r['sampled_onepass_peak_extra_bytes'], r['full_onepass_peak_extra_bytes']])} |"
+        )
+    out += ["", "| target | result |", "|---|---|"]
+    out += [f"| {name} | {'pass' if ok else '**MISS**'} |" for name, ok in result["checks"]]
+    return "\n".join(out) + "\n"
 
 
 def layers_table() -> str:
