@@ -85,6 +85,22 @@ class TEShapedQuantizedTensor(torch.Tensor):
     def half(self) -> torch.Tensor:  # type: ignore[override]
         return self.dequantize(dtype=torch.float16)
 
+    def cpu(self, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:  # type: ignore[override]
+        return self.dequantize().cpu(memory_format=memory_format)
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """TE's tensors live on the GPU, where a copy to the host dequantizes (a checkpoint writer's
+        copy: checkpoints hold bf16). The kit's live on the host, where torch would hand back the
+        tensor itself: a host target dequantizes here too."""
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is not None and torch.device(device).type == "cpu":
+            return self.dequantize().to(*args, **kwargs)
+        return super().to(*args, **kwargs)
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        # No storage of its own (the bytes are in the buffers); as TE's, so writers copy it.
+        return torch.UntypedStorage(0, device=self.device)
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return f"{type(self).__name__}(data={self._dequantize(self.dtype)})"
 
