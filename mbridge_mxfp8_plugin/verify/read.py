@@ -122,8 +122,9 @@ def reader_for(tensor: Any) -> Reader | str:
     if hasattr(tensor, "_data"):
         return "per-tensor FP8 storage (_data): no MXFP8 blocks to read"
     with torch._C.DisableTorchFunctionSubclass():
-        try:
+        try:  # a wrapper subclass has a nominal storage whose data pointer cannot be read
             storage = torch.Tensor.untyped_storage(tensor)
+            storage.data_ptr()
         except (RuntimeError, NotImplementedError):
             storage = None
         if storage is None or storage.nbytes() < tensor.numel() * tensor.element_size():
