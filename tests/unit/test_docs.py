@@ -214,3 +214,23 @@ def test_readme_do_i_need_it_agrees_with_the_compatibility_table() -> None:
         for minor in range(int(first), int(last or first) + 1):
             if (minor, bridge) in measured:
                 assert _defect_ids(cell) == measured[(minor, bridge)], (minor, bridge, cell)
+
+
+def test_layout_names_every_layer_module() -> None:
+    """docs/layout.md's picture and rules name every module the layering test places, so a new
+    module cannot land without its place in the described layout."""
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    prose = re.sub(r"<!-- layers:begin -->.*?<!-- layers:end -->", "", text, flags=re.S)
+    layers, _ = render.layering_tables((ROOT / "tests" / "unit" / "test_layering.py").read_text())
+    missing = [m for m in layers if not re.search(rf"(?<![\w.]){re.escape(m)}(\.py|/)", prose)]
+    assert not missing, f"docs/layout.md does not place {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_package_paths_named_in_docs_exist(doc: Path) -> None:
+    """`config/x.py`, `probes/x.py`, `verify/x.py`, `testing/x.py`: the package's files by their
+    folder (upstream's own paths start elsewhere: training/, distributed/, megatron/)."""
+    text = doc.read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:config|probes|verify|testing)/[\w/]+\.py)`", text))
+    missing = sorted(p for p in named if not (ROOT / "mbridge_mxfp8_plugin" / p).exists())
+    assert not missing, missing
