@@ -234,3 +234,15 @@ def test_package_paths_named_in_docs_exist(doc: Path) -> None:
     named = set(re.findall(r"`((?:config|probes|verify|testing)/[\w/]+\.py)`", text))
     missing = sorted(p for p in named if not (ROOT / "mbridge_mxfp8_plugin" / p).exists())
     assert not missing, missing
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_tests_named_in_docs_exist(doc: Path) -> None:
+    """`tests/x.py::test_name` (a trailing `*` or `[*]` meaning any): the test is in that file."""
+    missing = []
+    for path, name in re.findall(r"`(tests/[\w./]+\.py)::(\w+\*?)", doc.read_text(encoding="utf-8")):
+        source = (ROOT / path).read_text(encoding="utf-8") if (ROOT / path).is_file() else ""
+        pattern = rf"def {name[:-1]}\w*\(" if name.endswith("*") else rf"def {name}\("
+        if not re.search(pattern, source):
+            missing.append(f"{path}::{name}")
+    assert not missing, missing
