@@ -22,10 +22,12 @@ from .report import ParamMismatch, WeightReport
 
 __all__ = ["Owned", "ShardCheck", "first_sampled", "stride_of"]
 
-#: Extra bytes per compared element at the batch's peak (the main shard's fp32 blocks and their
-#: rounding, the reference instance and a quantizer's temporaries, the decoded blocks, the
-#: comparison): sizes a batch from the memory budget. An estimate on the safe side.
-BYTES_PER_ELEMENT = 40
+#: Extra bytes per compared element at a batch's peak, which sizes a batch from the memory
+#: budget: the param's decoded blocks and the rounded main blocks (2 + 2, after transients of
+#: 8), the reference instance's codes (1), its dequantized values (2), and the quantizer's own
+#: temporaries: about 12 for the kit's emulated TE-rule cast (fp32 copies), none for TE's fused
+#: kernel. Counted on the kit's cast, the heaviest known, with a margin.
+BYTES_PER_ELEMENT = 24
 
 
 @dataclass
