@@ -244,6 +244,27 @@ def plugin_full() -> str:
     return ", ".join(f"{_ms([r['plugin_full_plainquant_s'] for r in _rows(s)])} at {s}" for s in ("1B", "4B"))
 
 
+#: ``mxfp8-plugin check``'s cost (``benchmarks/check_speed.py``).
+CHECK_SPEED = ROOT / "benchmarks" / "results" / "check_speed.json"
+
+
+def check_speed() -> str:
+    """check's median wall time per cold process, with what moves it, from the last run."""
+    r = json.loads(CHECK_SPEED.read_text())
+    parts = [
+        f"**{r['check']['median_s']:.2f} s** for a recipe",
+        f"{r['check_with_overrides']['median_s']:.2f} s with `key=value` overrides",
+    ]
+    if "check_no_summary_cache" in r:
+        parts.append(f"{r['check_no_summary_cache']['median_s']:.2f} s without the source-summary cache")
+    load = "-".join(f"{v:g}" for v in r["loadavg_1m_before_after"])
+    return (
+        ", ".join(parts) + f" (median of {len(r['check']['runs_s'])} cold processes; `import omegaconf` "
+        f"alone {r['import_omegaconf']['median_s']:.2f} s; {r['cpus']} CPUs at load average {load}; "
+        f"{r['date']})"
+    )
+
+
 #: The weight verifier's own run (``benchmarks/eval_sync.py verify``, the TE-shaped type), when
 #: one has been committed; until then the verifier figures come from :data:`RESULTS`.
 VERIFY_RESULTS = ROOT / "benchmarks" / "results" / "verify_te" / "verify_te.json"
