@@ -12,8 +12,10 @@ applied to its main params disagrees with its weights (what the verifier used to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -99,6 +101,19 @@ def _te_rule_disagrees(job: Any) -> int:
     return count
 
 
+@contextlib.contextmanager
+def _small_batches() -> Iterator[None]:
+    """The smallest batches (32 blocks): params are split across batches, as in a large model."""
+    from mbridge_mxfp8_plugin.verify import weights
+
+    saved = weights._BUDGET_BYTES
+    weights._BUDGET_BYTES = 1
+    try:
+        yield
+    finally:
+        weights._BUDGET_BYTES = saved
+
+
 def _scenario() -> dict[str, Any]:
     from mbridge_mxfp8_plugin import PluginOptions, ensure_weights_current, mxfp8_param_sync, verify_weights
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
@@ -124,6 +139,8 @@ def _scenario() -> dict[str, Any]:
     out["stale"] = verify_weights(job.model, job.optimizer, event="stale", sample=1.0)
     ensure_weights_current(job.model, job.optimizer)
     out["current"] = verify_weights(job.model, job.optimizer, event="current", sample=1.0)
+    with _small_batches():
+        out["current_small_batches"] = verify_weights(job.model, job.optimizer, event="current", sample=1.0)
     mine = _mxfp8_slices(job)
     picked = None
     if mine:  # the first block of the first whole row of this rank's first such slice
@@ -140,6 +157,8 @@ def _scenario() -> dict[str, Any]:
         _flip_block(target, corrupt_at)
     out["corrupt_name"] = corrupt_name
     out["corrupt"] = verify_weights(job.model, job.optimizer, event="corrupt", sample=1.0)
+    with _small_batches():
+        out["corrupt_small_batches"] = verify_weights(job.model, job.optimizer, event="corrupt", sample=1.0)
     if rank == 0:
         _flip_block(target, corrupt_at)  # undone
     # One rank's copy drifts where it owns nothing (rank 1 changes a block of rank 0's slice):
@@ -177,7 +196,7 @@ def runs() -> list[dict[str, Any]]:
 def test_silent_on_correct_weights_at_every_eval(runs: list[dict[str, Any]], kind: str) -> None:
     for r in runs:
         case = r[kind]
-        for event in ("eval1", "eval2", "reloaded", "current"):
+        for event in ("eval1", "eval2", "reloaded", "current", "current_small_batches"):
             rep = case[event]
             assert rep is not None and rep.ok, (kind, event, rep and rep.message())
             assert rep.params_checked > 0 and rep.sample == 1.0 and not rep.unchecked, (kind, rep.unchecked)
@@ -209,12 +228,13 @@ def test_stale_weights_caught_and_named_on_every_rank(runs: list[dict[str, Any]]
 def test_one_corrupted_block_caught_and_named_on_every_rank(runs: list[dict[str, Any]], kind: str) -> None:
     name = runs[0][kind]["corrupt_name"]
     for rank, r in enumerate(runs):
-        rep = r[kind]["corrupt"]
-        assert not rep.ok and name in rep.message(), rep.message()
-        assert rep.replica_mismatches == [name], rep.message()
-        if rank == 0:  # the owner's shard check sees it too, and only in that block
-            assert [m.name for m in rep.shard_mismatches] == [name]
-            assert 0 < rep.shard_mismatches[0].elements <= 32
+        for event in ("corrupt", "corrupt_small_batches"):
+            rep = r[kind][event]
+            assert not rep.ok and name in rep.message(), rep.message()
+            assert rep.replica_mismatches == [name], rep.message()
+            if rank == 0:  # the owner's shard check sees it too, and only in that block
+                assert [m.name for m in rep.shard_mismatches] == [name]
+                assert 0 < rep.shard_mismatches[0].elements <= 32
 
 
 @pytest.mark.parametrize("kind", KINDS)
