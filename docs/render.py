@@ -244,6 +244,13 @@ def plugin_full() -> str:
     return ", ".join(f"{_ms([r['plugin_full_plainquant_s'] for r in _rows(s)])} at {s}" for s in ("1B", "4B"))
 
 
+def recipe_names() -> str:
+    """The recipes the package ships (checkout and wheel alike)."""
+    from mbridge_mxfp8_plugin.recipe_files import shipped_recipes
+
+    return ", ".join(f"`{name}`" for name in shipped_recipes())
+
+
 #: ``mxfp8-plugin check``'s cost (``benchmarks/check_speed.py``).
 CHECK_SPEED = ROOT / "benchmarks" / "results" / "check_speed.json"
 
@@ -329,6 +336,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "options": options_yaml,
         "api-calls": api_calls,
         "verify-ratio": verify_ratio,
+        "recipes": recipe_names,
     },
     "docs/launch.md": {"options": options_list},
     "docs/megatron-lm.md": {"api-calls": api_calls, "api-example": api_example_block},
