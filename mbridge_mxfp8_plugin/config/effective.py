@@ -163,6 +163,40 @@ class EffectiveConfig:
             v.known and bool(v.value) for v in (self.reuse(), self.opt("reuse_grad_buf_for_mxfp8_param_ag"))
         )
 
+    def reuse_state(self) -> bool | None:
+        """Reuse on (True), off in both the DDP and the optimizer (False), or decided by the base
+        recipe (None): a rule may pass on "reuse off" only when it is known to be off."""
+        vals = (self.reuse(), self.opt("reuse_grad_buf_for_mxfp8_param_ag"))
+        if any(v.known and bool(v.value) for v in vals):
+            return True
+        return False if all(v.known for v in vals) else None
+
+    def moe(self) -> tuple[bool | None, str]:
+        """Whether the model has experts, and the evidence: ``num_moe_experts``, an expert
+        parallel size above 1, or any other expert knob, written here or set by the named base
+        recipe (``check --recipe``). None when neither the file nor the recipe's source says."""
+        experts = self.model("num_moe_experts")
+        if experts.known and isinstance(experts.value, int) and experts.value > 0:
+            return True, f"{experts.path}={experts.value}"
+        ep = self.model("expert_model_parallel_size")
+        if ep.known and isinstance(ep.value, int) and ep.value > 1:
+            return True, f"{ep.path}={ep.value}"
+        base = self.view.base_recipe.model if self.view.base_recipe is not None else {}
+        written = self.view.sections.get("model", {})
+        # A parallel size of 1 or a knob turned off says nothing (dense recipes set them too).
+        parallel = ("expert_model_parallel_size", "expert_tensor_parallel_size")
+        stated = {**base, **written}
+        knobs = sorted(
+            k
+            for k, v in stated.items()
+            if (k.startswith("moe_") or "expert" in k) and k not in parallel and v not in (None, False)
+        )
+        if knobs and not (experts.known and not experts.value):
+            return True, f"expert knob model.{knobs[0]} is set"
+        if experts.known:
+            return False, f"{experts.path}={yaml_literal(experts.value)}"
+        return None, "neither this file nor a named base recipe says whether the model has experts"
+
     def model_int(self, knob: str, default: int) -> int:
         v = self.model(knob)
         return v.value if v.known and isinstance(v.value, int) else default

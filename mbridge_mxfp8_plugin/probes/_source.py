@@ -6,19 +6,28 @@ megatron-core or Bridge code, which is what keeps ``check`` and ``doctor`` off t
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 __all__ = ["block", "init_signature", "megatron_subdir", "module_file", "read_text"]
 
 
-def _megatron_roots() -> list[Path]:
+@functools.lru_cache(maxsize=4)
+def _roots(path: tuple[str, ...]) -> list[Path]:
     try:
         spec = importlib.util.find_spec("megatron")
     except (ImportError, ValueError):
         return []
     return [Path(loc) for loc in (spec.submodule_search_locations or [])] if spec else []
+
+
+def _megatron_roots() -> list[Path]:
+    """The ``megatron`` namespace's directories for the current ``sys.path`` (memoized on it:
+    one ``check`` asks ~40 times)."""
+    return _roots(tuple(sys.path))
 
 
 def megatron_subdir(sub: str, marker: str) -> Path | None:

@@ -43,12 +43,56 @@ _SIMPLE = {"bool": bool, "int": int, "float": float, "str": str}
 _PLAIN_BASES = frozenset({"ABC", "Generic", "Protocol", "object", "Enum", "str", "int", "IntEnum", "StrEnum"})
 
 
-class Field(NamedTuple):
-    """One dataclass field: its annotation as something :func:`type_problem` can judge, and its
-    literal default (:data:`MISSING` when it has none or it is not a literal)."""
+class Field:
+    """One dataclass field: its literal default (:data:`MISSING` when none or not a literal) and
+    its annotation as something :func:`type_problem` can judge (Any when it cannot).
 
-    annotation: Any
-    default: Any
+    The annotation is converted on first use: a section is checked for the few keys a file
+    writes, not for the hundreds of fields ``TransformerConfig`` declares.
+    """
+
+    __slots__ = ("_ann", "_path", "_src", "default")
+
+    def __init__(self, path: Path, src: str, default: Any) -> None:
+        self._path, self._src, self.default = path, src, default
+        self._ann: Any = MISSING
+
+    @property
+    def annotation(self) -> Any:
+        if self._ann is MISSING:
+            self._ann = _convert(self._path, self._src, self.default is None)
+        return self._ann
+
+
+class LazyFields(dict):  # type: ignore[type-arg]
+    """``field -> annotation``, each converted from source on first lookup."""
+
+    def __init__(self, fields: dict[str, Field]) -> None:
+        super().__init__(fields)
+
+    def __getitem__(self, key: str) -> Any:
+        return super().__getitem__(key).annotation
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[key] if key in self else default
+
+    def items(self) -> Any:  # type: ignore[override]
+        return ((k, self[k]) for k in self)
+
+    def values(self) -> Any:  # type: ignore[override]
+        return (self[k] for k in self)
+
+
+@functools.lru_cache(maxsize=1024)
+def _convert(path: Path, src: str, default_none: bool) -> Any:
+    try:
+        node: ast.expr | None = ast.parse(src, mode="eval").body
+    except SyntaxError:
+        node = None
+    ann = _SIMPLE.get(src) or _annotation(path, node)
+    if default_none and ann is not Any and ann is not DTYPE and type_problem(None, ann):
+        ann = _union([ann, type(None)])  # ``suggested_communication_unit_size: int = None``
+    return ann
 
 
 def find_class(path: Path, name: str, depth: int = 0) -> tuple[Path, dict[str, Any]] | None:
@@ -158,14 +202,7 @@ def _fields_of(path: Path, name: str, depth: int = 0) -> dict[str, Field] | None
             return None
         out.update(inherited)
     for fname, ann_src, default in info["fields"]:
-        try:
-            node: ast.expr | None = ast.parse(ann_src, mode="eval").body
-        except SyntaxError:
-            node = None
-        ann = _annotation(where, node)
-        if default is None and ann is not Any and ann is not DTYPE and type_problem(None, ann):
-            ann = _union([ann, type(None)])  # ``suggested_communication_unit_size: int = None``
-        out[fname] = Field(ann, default)
+        out[fname] = Field(where, ann_src, default)
     return out
 
 
@@ -202,15 +239,15 @@ def core_fields(section: str) -> dict[str, Any] | None:
     """
     bridge = section_fields(section)
     if bridge.fields is not None:
-        return dict(bridge.fields)
+        return bridge.fields
     fields = _core_class(section)
-    return None if fields is None else {k: f.annotation for k, f in fields.items()}
+    return None if fields is None else LazyFields(fields)
 
 
 def core_default(section: str, knob: str) -> Any:
     """megatron-core's default for a knob (what an unset field of a fresh config holds); None if unknown."""
-    default = (_core_class(section) or {}).get(knob, Field(None, None)).default
-    return None if default is MISSING else default
+    field = (_core_class(section) or {}).get(knob)
+    return None if field is None or field.default is MISSING else field.default
 
 
 def config_py() -> Path | None:
@@ -273,7 +310,7 @@ def target_fields(target: str) -> SectionFields:
         return SectionFields(
             target, None, False, f"_target_ {target} is not a class readable from the installed files"
         )
-    return SectionFields(name, {k: f.annotation for k, f in fields.items()}, True)
+    return SectionFields(name, LazyFields(fields), True)
 
 
 @functools.lru_cache(maxsize=64)
@@ -289,7 +326,7 @@ def section_fields(section: str, target: str | None = None) -> SectionFields:
     if annotation is None:
         return SectionFields(section, None, False, "not a ConfigContainer field")
     names = _classes_in(annotation)
-    out: dict[str, Any] = {}
+    out: dict[str, Field] = {}
     open_class = False
     for name in names:
         found = find_class(path, name)
@@ -298,8 +335,8 @@ def section_fields(section: str, target: str | None = None) -> SectionFields:
             return SectionFields(name, None, False, f"{name} is not readable from the installed files")
         open_class = open_class or is_open(found[1])
         for key, f in fields.items():
-            out.setdefault(key, f.annotation)
+            out.setdefault(key, f)
     # One concrete class: Bridge merges the file onto an instance of exactly it. A union (model,
     # dataset) or an abstract base: the base recipe picks a subclass, possibly one outside Bridge.
     fixed = len(names) == 1 and not open_class
-    return SectionFields(" | ".join(names), out, fixed)
+    return SectionFields(" | ".join(names), LazyFields(out), fixed)

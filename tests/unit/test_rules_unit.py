@@ -21,6 +21,11 @@ from mbridge_mxfp8_plugin.defects import HAZARDS
 from mbridge_mxfp8_plugin.probes import HazardBehaviour
 
 BASE: dict[str, Any] = yaml.safe_load(TINY.read_text())
+# The knobs the tiny recipe leaves to its base recipe, stated here (at Bridge's defaults) so that
+# every rule can judge the config: with them unstated a rule says n/a, never pass.
+BASE["ddp"]["use_megatron_fsdp"] = False
+BASE["optimizer"].update(overlap_param_gather_with_optimizer_step=False, optimizer_cpu_offload=False)
+BASE["model"].update(cuda_graph_impl="none", num_moe_experts=None)
 #: a rule tripped at each severity shows this status
 TRIPPED = {"error": "fail", "warning": "warn"}
 #: one knob, two rules: turning the distributed optimizer off also leaves the recipe's

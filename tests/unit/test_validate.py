@@ -32,10 +32,15 @@ def _findings(report: ValidationReport, rule: str) -> list[Any]:
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 @pytest.mark.parametrize("installed", [DEFECTIVE, FIXED], ids=["core0.16", "core0.19"])
 def test_shipped_recipes_pass_every_rule(recipe, installed):
+    """Every rule passes, or says n/a because a knob it needs is left to the base recipe (a pass
+    there would vouch for a value check never saw)."""
     report = validate_config(read_recipe(recipe), dp_size=8, installed=installed)
     assert report.ok and not report.warnings, report.format_table()
     assert {r.rule.id for r in report.results} == {r.id for r in RULES}
-    assert all(r.status == "pass" for r in report.results), report.format_table()
+    for r in report.results:
+        assert r.status == "pass" or (
+            r.status == "n/a" and ("not set in this recipe" in r.note or "base config" in r.note)
+        ), report.format_table()
 
 
 def test_every_rule_has_a_violation_case():
@@ -48,7 +53,8 @@ def test_every_rule_has_a_violation_case():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_rule_fires_on_yaml(case: Case):
     base = validate_config(read_recipe(TINY), dp_size=case.dp_size, strict=False, installed=DEFECTIVE)
-    assert base.by_rule(case.rule).status == "pass", "the unmodified recipe must pass this rule"
+    # the unmodified recipe passes this rule, or leaves its knob to the base recipe
+    assert base.by_rule(case.rule).status in ("pass", "n/a"), base.format_table()
     report = validate_config(
         read_recipe(TINY, case.overrides), dp_size=case.dp_size, strict=False, installed=case.installed
     )

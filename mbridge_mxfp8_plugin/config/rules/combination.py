@@ -42,8 +42,11 @@ def _mx001(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
 @_rule("MX002", "reuse needs fp8_param_gather")
 def _mx002(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     reuse, fpg = ctx.reuse(), ctx.ddp("fp8_param_gather")
-    if not reuse.known or not reuse.value:
+    if not reuse.known:
+        return _na(rule, f"reuse_grad_buf_for_mxfp8_param_ag {ctx.why_unknown(reuse)}", reuse.path)
+    if not reuse.value:
         return _pass(rule, "reuse is off", reuse.path, reuse.value)
+    # megatron-core asserts this pair in DistributedDataParallelConfig.__post_init__.
     settled = _settled(rule, fpg, "fp8_param_gather", "fp8_param_gather is on")
     if settled:
         return settled
@@ -71,8 +74,11 @@ def _mx003(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _pass(rule, "Megatron-FSDP shards params itself", fsdp.path, True)
     reuse, fpg = ctx.reuse_anywhere(), ctx.ddp("fp8_param_gather")
     wants = reuse or (fpg.known and bool(fpg.value))
+    if not wants and fpg.known and ctx.reuse_state() is False:
+        return _pass(rule, "no fp8 param gather and no reuse", fpg.path, fpg.value)
     if not wants:
-        return _pass(rule, "no fp8 param gather", fpg.path, fpg.value)
+        return _na(rule, f"fp8_param_gather / reuse {ctx.why_unknown(fpg)}", fpg.path)
+    # Only the distributed optimizer re-quantizes the fp8 params and owns the shared buffer.
     settled = _settled(rule, dist, "use_distributed_optimizer", "distributed optimizer on")
     if settled:
         return settled
@@ -100,12 +106,17 @@ def _mx003(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
 @_rule("MX004", "reuse is not for Megatron-FSDP")
 def _mx004(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     fsdp = ctx.fsdp()
-    if not fsdp.known or not fsdp.value:
-        state = "stated false" if fsdp.known else "not set here (Bridge's default is off)"
-        return _pass(rule, f"Megatron-FSDP {state}", fsdp.path, fsdp.value)
+    if fsdp.known and not fsdp.value:
+        return _pass(rule, "Megatron-FSDP stated false", fsdp.path, False)
+    if ctx.reuse_state() is False:
+        return _pass(rule, "reuse off", fsdp.path, fsdp.value)
+    if not fsdp.known:
+        return _na(rule, f"use_megatron_fsdp {ctx.why_unknown(fsdp)}", fsdp.path)
     reuse = [v for v in (ctx.reuse(), ctx.opt("reuse_grad_buf_for_mxfp8_param_ag")) if v.known and v.value]
     if not reuse:
-        return _pass(rule, "reuse off", fsdp.path, True)
+        return _na(rule, "reuse_grad_buf_for_mxfp8_param_ag comes from the base config", fsdp.path)
+    # FSDP has no shared param/grad buffer: reuse there is either switched off by Bridge (a
+    # memory saving that does not happen) or a buffer nobody gathers (core raises from 0.18).
     if ctx.bridge_semantics:
         sev: Severity = "warning"
         why = (
@@ -142,69 +153,69 @@ def _disagree(rule: Rule, sev: Severity, lose: Val, win: Val, what: str, fix: An
     )
 
 
-@_rule("MX005", "sections agree on shared knobs")
-def _mx005(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+#: Knobs whose copy outside ``mixed_precision`` matters for MXFP8 even when this file states no
+#: ``mixed_precision``: the base recipe's (Bridge recipes set one) still overwrites them.
+_MXFP8_KNOBS = ("fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag", "fp8_recipe", "fp8", "fp8_param")
+
+
+def _mp_overwrites(ctx: EffectiveConfig, rule: Rule) -> list[Finding]:
+    """A knob written in ddp/optimizer/model that ``mixed_precision`` owns: Bridge's
+    ``MixedPrecisionConfig.setup()`` copies its own value over it in ``runtime_config_update()``,
+    so what is written there never reaches the job."""
     view, out = ctx.view, []
-    mxfp8_knobs = ("fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag", "fp8_recipe", "fp8", "fp8_param")
-    if view.kind == "recipe":  # Bridge's mixed_precision.setup() overwrites these sections
-        for knob, sections in MP_OWNED_KNOBS.items():
-            for sec in sections:
-                written = view.raw(sec, knob)
-                if not written.known:
-                    continue
-                mp = view.mp(knob)
-                if view.mp_present and mp.known:
-                    if mp.value != written.value:
-                        out.append(
-                            _disagree(
-                                rule,
-                                "error",
-                                written,
-                                mp,
-                                "Bridge copies mixed_precision onto the ddp/optimizer/model sections in "
-                                "runtime_config_update(), so the value written here is silently replaced",
-                                {"mixed_precision": {knob: written.value}}
-                                if not view.mp_name
-                                else f"# delete {written.path}: mixed_precision={view.mp_name} sets it to "
-                                f"{_y(mp.value)}\n# (or pick a mixed_precision recipe with the "
-                                "value you want)",
-                            )
-                        )
-                elif knob in mxfp8_knobs and not (view.mp_stated and not view.mp_present):
-                    src = (
-                        "the base recipe's mixed_precision"
-                        if view.mp_present
-                        else ("the base recipe's mixed_precision (Bridge recipes set one, e.g. 'bf16_mixed')")
-                    )
-                    out.append(
-                        Finding(
-                            rule.id,
-                            "warning",
-                            written.path,
-                            written.value,
-                            f"{written.path} is overwritten by {src} during runtime_config_update(); "
-                            "set it through mixed_precision instead",
-                            {"mixed_precision": "bf16_with_mxfp8_mixed"}
-                            if knob == "reuse_grad_buf_for_mxfp8_param_ag" and written.value
-                            else {"mixed_precision": {knob: written.value}},
-                        )
-                    )
-    # reuse: DDP and optimizer must agree, or the optimizer writes where the DDP does not read.
+    for knob, sections in MP_OWNED_KNOBS.items():
+        for sec in sections:
+            written, mp = view.raw(sec, knob), view.mp(knob)
+            if not written.known:
+                continue
+            if view.mp_present and mp.known:
+                if mp.value == written.value:
+                    continue  # the copy agrees: harmless
+                fix: Any = (
+                    {"mixed_precision": {knob: written.value}}
+                    if not view.mp_name
+                    else f"# delete {written.path}: mixed_precision={view.mp_name} sets it to "
+                    f"{_y(mp.value)}\n# (or pick a mixed_precision recipe with the value you want)"
+                )
+                why = (
+                    "Bridge copies mixed_precision onto the ddp/optimizer/model sections in "
+                    "runtime_config_update(), so the value written here is silently replaced"
+                )
+                out.append(_disagree(rule, "error", written, mp, why, fix))
+            elif knob in _MXFP8_KNOBS and not (view.mp_stated and not view.mp_present):
+                # mixed_precision: null in the file removes the base's; otherwise the base's wins.
+                src = "the base recipe's mixed_precision" + (
+                    "" if view.mp_present else " (Bridge recipes set one, e.g. 'bf16_mixed')"
+                )
+                fix = (
+                    {"mixed_precision": "bf16_with_mxfp8_mixed"}
+                    if knob == "reuse_grad_buf_for_mxfp8_param_ag" and written.value
+                    else {"mixed_precision": {knob: written.value}}
+                )
+                why = (
+                    f"{written.path} is overwritten by {src} during runtime_config_update(); "
+                    "set it through mixed_precision instead"
+                )
+                out.append(Finding(rule.id, "warning", written.path, written.value, why, fix))
+    return out
+
+
+def _copies_disagree(ctx: EffectiveConfig, rule: Rule) -> list[Finding]:
+    """Knobs the DDP and the optimizer each hold a copy of, which nothing syncs outside Bridge."""
+    out = []
+    # reuse: with it on only in ddp the optimizer stages into the params and the gather collects
+    # gradients; on only in the optimizer, it stages into a buffer the DDP never gathers.
     d, o = ctx.reuse(), ctx.opt("reuse_grad_buf_for_mxfp8_param_ag")
     if d.known and o.known and bool(d.value) != bool(o.value):
-        out.append(
-            _disagree(
-                rule,
-                "error",
-                o,
-                d,
-                "with reuse on only in ddp the optimizer copies main params into the params (not the shared "
-                "buffer) and the all-gather then collects gradients; with reuse on only in the optimizer the "
-                "main params are staged into a buffer the DDP does not gather from",
-                ctx.fix_reuse(bool(d.value)),
-            )
+        why = (
+            "with reuse on only in ddp the optimizer copies main params into the params (not the shared "
+            "buffer) and the all-gather then collects gradients; with reuse on only in the optimizer the "
+            "main params are staged into a buffer the DDP does not gather from"
         )
-    # distributed optimizer: Bridge turns both on; megatron-core alone does not.
+        out.append(_disagree(rule, "error", o, d, why, ctx.fix_reuse(bool(d.value))))
+    # distributed optimizer: Bridge turns it on in both (a warning there); megatron-core alone
+    # lays the DDP buffers out for one optimizer and builds the other (an error).
+    view = ctx.view
     rd, ro = view.raw("ddp", "use_distributed_optimizer"), view.raw("optimizer", "use_distributed_optimizer")
     if rd.known and ro.known and bool(rd.value) != bool(ro.value):
         sev: Severity = "warning" if ctx.bridge_semantics else "error"
@@ -215,53 +226,42 @@ def _mx005(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
             "the other"
         )
         lose = rd if not rd.value else ro
-        out.append(
-            _disagree(
-                rule,
-                sev,
-                lose,
-                ro if lose is rd else rd,
-                what,
-                {
-                    "ddp": {"use_distributed_optimizer": True},
-                    "optimizer": {"use_distributed_optimizer": True},
-                },
-            )
-        )
-    # overlap_param_gather: who stages the main params depends on the optimizer's copy.
+        both = {"ddp": {"use_distributed_optimizer": True}, "optimizer": {"use_distributed_optimizer": True}}
+        out.append(_disagree(rule, sev, lose, ro if lose is rd else rd, what, both))
+    out += _overlap_copies(ctx, rule)
+    return out
+
+
+def _overlap_copies(ctx: EffectiveConfig, rule: Rule) -> list[Finding]:
+    """overlap_param_gather: with reuse, the optimizer's copy decides who stages main params."""
     od, oo = ctx.ddp("overlap_param_gather"), ctx.opt("overlap_param_gather")
-    if od.known and oo.known and bool(od.value) != bool(oo.value) and ctx.reuse_anywhere():
-        fix = {"ddp": {"overlap_param_gather": True}, "optimizer": {"overlap_param_gather": True}}
-        if oo.value:
-            out.append(
-                _disagree(
-                    rule,
-                    "error",
-                    od,
-                    oo,
-                    "with reuse the optimizer then skips staging its main params ('done by the "
-                    "training loop'), "
-                    "the loop stages only when ddp.overlap_param_gather is on, and the synchronous "
-                    "all-gather "
-                    "after the step collects gradients into the weights",
-                    fix,
-                )
-            )
-        else:
-            out.append(
-                _disagree(
-                    rule,
-                    "warning",
-                    oo,
-                    od,
-                    "the optimizer stages main params after every step and the training loop stages them "
-                    "again (Bridge 0.6 turns both on; earlier releases leave them as written)",
-                    fix,
-                )
-            )
+    if not (od.known and oo.known and bool(od.value) != bool(oo.value) and ctx.reuse_anywhere()):
+        return []
+    fix = {"ddp": {"overlap_param_gather": True}, "optimizer": {"overlap_param_gather": True}}
+    if oo.value:
+        # The optimizer skips staging ("done by the training loop"), the loop stages only with
+        # ddp's overlap on, and the synchronous gather after the step collects gradients.
+        why = (
+            "with reuse the optimizer then skips staging its main params ('done by the training loop'), "
+            "the loop stages only when ddp.overlap_param_gather is on, and the synchronous all-gather "
+            "after the step collects gradients into the weights"
+        )
+        return [_disagree(rule, "error", od, oo, why, fix)]
+    why = (
+        "the optimizer stages main params after every step and the training loop stages them "
+        "again (Bridge 0.6 turns both on; earlier releases leave them as written)"
+    )
+    return [_disagree(rule, "warning", oo, od, why, fix)]
+
+
+@_rule("MX005", "sections agree on shared knobs")
+def _mx005(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
+    out = _mp_overwrites(ctx, rule) if ctx.view.kind == "recipe" else []
+    out += _copies_disagree(ctx, rule)
     if out:
         return _found(rule, out)
-    return _pass(rule, "ddp, optimizer and mixed_precision agree")
+    # Vacuous for knobs nobody states: it vouches for the stated copies only.
+    return _pass(rule, "no disagreement between the copies of a knob stated here")
 
 
 @_rule("MX006", "overlap_param_gather prerequisites")
@@ -316,10 +316,15 @@ def _mx006(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
 @_rule("MX007", "no optimizer-step param gather with reuse")
 def _mx007(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     ws = ctx.opt("overlap_param_gather_with_optimizer_step")
-    if not ws.known or not ws.value:
+    if ws.known and not ws.value:
         return _pass(rule, "overlap_param_gather_with_optimizer_step off", ws.path, ws.value)
+    if ctx.reuse_state() is False:
+        return _pass(rule, "reuse off", ws.path, ws.value)
+    if not ws.known:
+        return _na(rule, f"overlap_param_gather_with_optimizer_step {ctx.why_unknown(ws)}", ws.path)
     if not ctx.reuse_anywhere():
-        return _pass(rule, "reuse off", ws.path, True)
+        return _na(rule, "reuse_grad_buf_for_mxfp8_param_ag comes from the base config", ws.path)
+    # The step-overlapped gather reads the shared buffer while the optimizer writes it.
     hazards = ctx.installed.hazards if ctx.installed is not None else None
     rejects = hazards.rejects_step_overlap_with_reuse if hazards is not None else None
     where = ctx.installed.describe() if ctx.installed is not None else "the installed release pair"
@@ -350,7 +355,9 @@ _MX012_WHY = (
 @_rule("MX012", "mxfp8 without fp8 param gather")
 def _mx012(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     recipe, fpg = ctx.fp8_recipe(), ctx.ddp("fp8_param_gather")
-    if not (recipe.known and recipe.value == "mxfp8"):
+    if not recipe.known:
+        return _na(rule, f"fp8_recipe {ctx.why_unknown(recipe)}", recipe.path)
+    if recipe.value != "mxfp8":
         return _pass(rule, "not an mxfp8 recipe", recipe.path, recipe.value)
     settled = _settled(rule, fpg, "fp8_param_gather", "fp8_param_gather on")
     if settled:
@@ -364,8 +371,11 @@ def _mx012(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
 def _mx013(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     if ctx.view.kind != "recipe":
         return _pass(rule, "complete config")
-    if not ctx.reuse_anywhere():
+    if ctx.reuse_state() is False:
         return _pass(rule, "reuse off")
+    if not ctx.reuse_anywhere():
+        return _na(rule, "reuse_grad_buf_for_mxfp8_param_ag comes from the base config")
+    # A knob the base recipe decides is one the combination rules above could not judge.
     needed = {
         "ddp.use_distributed_optimizer": ctx.ddp("use_distributed_optimizer"),
         "ddp.overlap_param_gather": ctx.ddp("overlap_param_gather"),

@@ -46,30 +46,38 @@ def _overlap_fix(ov: Val) -> dict[str, Any]:
 
 @_rule("MX014", "MoE + reuse needs overlapped param gather before core 0.18")
 def _mx014(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
-    if not ctx.reuse_anywhere():
+    reuse = ctx.reuse_state()
+    if reuse is False:
         return _pass(rule, "reuse off")
     ov = ctx.ddp("overlap_param_gather")
     if ov.known and ov.value:
+        # Each optimizer then stages before the next forward: nothing zeroes another's shard.
         return _pass(rule, "param gather overlapped: each optimizer stages before the next forward", ov.path)
-    experts = ctx.model("num_moe_experts")
-    if experts.known and not (isinstance(experts.value, int) and experts.value > 0):
-        return _pass(rule, "dense model: one distributed optimizer per chunk", experts.path, experts.value)
-    if not experts.known:
-        return _na(rule, f"num_moe_experts {ctx.why_unknown(experts)}", experts.path)
+    moe, evidence = ctx.moe()
+    if moe is False:
+        return _pass(
+            rule, f"dense model ({evidence}): one distributed optimizer per chunk", evidence.split("=")[0]
+        )
+    if reuse is None:
+        return _na(rule, "reuse_grad_buf_for_mxfp8_param_ag comes from the base config")
     if not ov.known:
         return _na(rule, f"overlap_param_gather {ctx.why_unknown(ov, 'ddp.overlap_param_gather')}", ov.path)
     if _installed(ctx, "defers_chained_mxfp8_sync"):
         return _pass(rule, f"{_where(ctx)} defers the chained MXFP8 param sync", ov.path, False)
-    return _violation(
-        rule,
-        "error",
-        ov.path,
-        False,
-        f"MoE (num_moe_experts={_y(experts.value)}) with reuse_grad_buf_for_mxfp8_param_ag and "
-        f"overlap_param_gather=false on {_where(ctx)}: {HAZARDS['MX014'].symptom} ({_cite('MX014')}). "
-        "Turn overlap_param_gather on, or install megatron-core >= 0.18",
-        _overlap_fix(ov),
+    # Dense and expert optimizers share the chunk's buffer; without overlap each one's sync
+    # zeroes it before the other staged: expert weights become zeros, then NaN.
+    hazard = (
+        f"with reuse_grad_buf_for_mxfp8_param_ag and overlap_param_gather=false on {_where(ctx)}: "
+        f"{HAZARDS['MX014'].symptom} ({_cite('MX014')}). Turn overlap_param_gather on, or install "
+        "megatron-core >= 0.18"
     )
+    if moe is None:
+        why = (
+            f"cannot tell whether the model has experts ({evidence}; name the base recipe with "
+            f"--recipe or state model.num_moe_experts); if it does: MoE {hazard}"
+        )
+        return _violation(rule, "warning", ov.path, False, why, _overlap_fix(ov))
+    return _violation(rule, "error", ov.path, False, f"MoE ({evidence}) {hazard}", _overlap_fix(ov))
 
 
 def _names(value: Any) -> set[str]:
@@ -87,14 +95,15 @@ def _mx015(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     impl = ctx.model("cuda_graph_impl")
     scopes = [ctx.model("cuda_graph_scope"), ctx.model("cuda_graph_modules")]
     full_scope = any(v.known and "full_iteration" in _names(v.value) for v in scopes)
+    if ctx.reuse_state() is False:
+        return _pass(rule, "reuse off", impl.path, impl.value)
     if not impl.known:
-        if full_scope:
-            return _na(rule, f"cuda_graph_impl {ctx.why_unknown(impl)}", impl.path)
-        return _pass(rule, "no full-iteration CUDA graph stated", impl.path)
+        return _na(rule, f"cuda_graph_impl {ctx.why_unknown(impl)}", impl.path)
+    # Only a captured full iteration replays the all-gather while the loop skips staging.
     if not (impl.value == "full_iteration" or (impl.value == "local" and full_scope)):
         return _pass(rule, "no full-iteration CUDA graph", impl.path, impl.value)
     if not ctx.reuse_anywhere():
-        return _pass(rule, "reuse off", impl.path, impl.value)
+        return _na(rule, "reuse_grad_buf_for_mxfp8_param_ag comes from the base config", impl.path)
     ov = ctx.ddp("overlap_param_gather")
     if not ov.known:
         return _na(rule, f"overlap_param_gather {ctx.why_unknown(ov, 'ddp.overlap_param_gather')}", ov.path)
@@ -121,14 +130,16 @@ _NO_OFFLOAD = {"optimizer": {"optimizer_cpu_offload": False}}
 @_rule("MX016", "FP8 params with optimizer CPU offload")
 def _mx016(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     offload = ctx.opt("optimizer_cpu_offload")
-    if not (offload.known and offload.value):
-        return _pass(rule, "optimizer CPU offload off", offload.path, offload.value)
-    # the optimizer's copy decides: its distributed optimizer drops non-delayed FP8 shards
     fp8, recipe = ctx.fp8_params(), ctx.opt("fp8_recipe")
+    if offload.known and not offload.value:
+        return _pass(rule, "optimizer CPU offload off", offload.path, offload.value)
+    if fp8.known and not fp8.value:
+        return _pass(rule, "params are not kept in FP8", fp8.path, False)
+    if not offload.known:
+        return _na(rule, f"optimizer_cpu_offload {ctx.why_unknown(offload)}", offload.path)
+    # the optimizer's copy decides: its distributed optimizer drops non-delayed FP8 shards
     if not fp8.known:
         return _na(rule, f"{fp8.path} {ctx.why_unknown(fp8)}", fp8.path)
-    if not fp8.value:
-        return _pass(rule, "params are not kept in FP8", fp8.path, False)
     if recipe.known and recipe.value == "delayed":
         return _pass(rule, "delayed-scaling FP8 params keep a shard view", recipe.path, recipe.value)
     if _installed(ctx, "cpu_offload_drops_fp8_params") is False:

@@ -10,14 +10,24 @@ from ..view import UNKNOWN, Val
 from ._base import _na, _pass, _rule, _violation
 
 
-def _relevant_defects(ctx: EffectiveConfig) -> list[str]:
+def _relevant_defects(ctx: EffectiveConfig) -> list[str] | None:
+    """The installed core's defects that this config runs into; None when the knobs that decide
+    it (reuse, the distributed optimizer, overlap for B1/C) come from the base config."""
     if ctx.installed is None or ctx.installed.core is None:
         return []
     dist, ov = ctx.ddp("use_distributed_optimizer"), ctx.ddp("overlap_param_gather")
-    if not ctx.reuse_anywhere() or not (dist.known and dist.value):
+    reuse = ctx.reuse_state()
+    # Every defect needs the shared buffer: reuse and the distributed optimizer, both on.
+    if reuse is False or (dist.known and not dist.value):
         return []
+    if reuse is None or not dist.known:
+        return None
+    present = ctx.installed.defects
+    # A (offsets) bites on any gather; B1/C only on forced syncs with overlapped gathers.
+    if not ov.known and any(d != "A" for d in present):
+        return None
     overlap = ov.known and bool(ov.value)
-    return [d for d in ctx.installed.defects if d == "A" or overlap]
+    return [d for d in present if d == "A" or overlap]
 
 
 #: How a job gets the plugin when its YAML says nothing about it.
@@ -33,6 +43,12 @@ def _mx009(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     if ctx.installed is None or ctx.installed.core is None:
         return _na(rule, "no megatron-core here: which defects are present is unknown", enabled.path)
     defects = _relevant_defects(ctx)
+    if enabled.value and ctx.view.plugin_stated:
+        return _pass(rule, "plugin enabled", enabled.path, True)
+    if defects is None:
+        return _na(
+            rule, "whether the installed defects apply depends on knobs the base config sets", enabled.path
+        )
     if ctx.view.kind == "recipe" and not ctx.view.plugin_stated:
         if not defects:
             return _pass(rule, "no defect of the installed release applies to this config", PLUGIN_SECTION)
@@ -60,7 +76,10 @@ def _mx010(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _pass(rule, "repair on", repair.path, True)
     if ctx.installed is None or ctx.installed.core is None or ctx.installed.core.pads_bucket_offsets is None:
         return _na(rule, "cannot tell whether the installed megatron-core has defect A", repair.path)
-    if "A" not in _relevant_defects(ctx):
+    defects = _relevant_defects(ctx)
+    if defects is None:
+        return _na(rule, "whether defect A applies depends on knobs the base config sets", repair.path)
+    if "A" not in defects:
         return _pass(rule, "defect A absent or not relevant", repair.path, False)
     why = (
         f"repair_alignment=false on {ctx.installed.describe()}: bucket offsets there ignore the "
@@ -77,8 +96,12 @@ def _mx011(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     if not inst.bridge_calls_prepare or inst.core.has_prepare_for_param_sync:
         return _pass(rule, f"installed pair agrees on the param-sync API: {inst.describe()}")
     dist, ov, fsdp = ctx.ddp("use_distributed_optimizer"), ctx.ddp("overlap_param_gather"), ctx.fsdp()
-    if not (dist.known and dist.value and ov.known and ov.value) or (fsdp.known and fsdp.value):
+    # The loop calls the missing API only around pre-hooks, which exist with the distributed
+    # optimizer and overlapped param gathers (not under Megatron-FSDP).
+    if (dist.known and not dist.value) or (ov.known and not ov.value) or (fsdp.known and fsdp.value):
         return _pass(rule, "the loop never disables the pre-hooks for this config", ov.path, ov.value)
+    if not (dist.known and ov.known):
+        return _na(rule, f"overlap_param_gather / use_distributed_optimizer {ctx.why_unknown(ov)}", ov.path)
     return _violation(
         rule,
         "error",
