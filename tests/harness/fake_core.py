@@ -4,7 +4,7 @@ optimizer, for the unit tier only (every other tier runs the real classes on spa
 They model one rank of the reuse mode (``reuse_grad_buf_for_mxfp8_param_ag``): each bucket's bf16
 ``param_data`` is the first half of its fp32 grad buffer, so whatever the buffer holds when a
 gather runs is what the params receive. The all-gather of one rank is the identity, so "gathered"
-means "whatever the buffer holds". What a forced sync does differs by release, as UPSTREAM.md
+means "whatever the buffer holds". What a forced sync does differs by release, as docs/upstream.md
 records: core >= 0.18 copies a forced gather back and re-zeroes (B1 fixed), core >= 0.19 resets
 the dispatch state when the main params are staged (C fixed). Counters let tests see every
 collective, staging and copy the engine causes.
@@ -24,7 +24,7 @@ N = 64  # one param per bucket, 64 elements: aligned, so defect A stays out of t
 
 @dataclass(frozen=True)
 class Release:
-    """What a megatron-core release's param-sync code does by itself (UPSTREAM.md's defect table)."""
+    """What a megatron-core release's param-sync code does by itself (docs/upstream.md's defect table)."""
 
     name: str
     forced_sync_writes_back: bool  # B1 fixed (0.18.0)

@@ -5,7 +5,7 @@ picks the Bridge loop order to replay (default: the Bridge release paired with t
 Each cell runs train -> eval -> train -> save -> eval -> save -> test on 2 gloo ranks, three ways
 (reference, plugin off, plugin on), and asserts:
 
-* plugin off shows exactly the defects /work/shared/UPSTREAM.md lists for the pair, no others;
+* plugin off shows exactly the defects docs/compatibility.md lists for the pair, no others;
 * plugin on matches the reference within 1e-4 (every train, eval and test loss);
 * on a pair where core and loop need nothing (core 0.19 + Bridge 0.6) the plugin is passive:
   the same number of param all-gathers at every callback, and bit-identical DDP buffers.
@@ -40,7 +40,7 @@ PAIRED_LOOP = {
 }
 LOOP = os.environ.get("MXFP8_BRIDGE_LOOP") or PAIRED_LOOP.get(CORE, "0.3.1")
 
-#: What plugin-off shows by (core, Bridge loop), from UPSTREAM.md's table:
+#: What plugin-off shows by (core, Bridge loop), from docs/upstream.md's defect table:
 #:   A            bucket param_to_index ignores the 64-element padding (core <= 0.16)
 #:   eval_stale   first eval runs on the previous iteration's weights (B1: core <= 0.17)
 #:   eval_garbage first eval runs on gathered gradients (B2 with B1 fixed: core >= 0.18, loop < 0.5)

@@ -6,7 +6,7 @@ for ordinary steps, and for the point right after a step's forward and backward 
 weights must equal the quantized main params the optimizer has not yet stepped) the same order
 cut before ``optimizer.step()``. Each defect case runs with one of the plugin's fixes left out and
 with it in: the verifier must fire where the fix is missing and stay silent where it is present.
-Expectations come from UPSTREAM.md's description of each release (0.16.1: no forced write-back,
+Expectations come from docs/upstream.md's description of each release (0.16.1: no forced write-back,
 naive ``param_to_index``, dispatch state kept after a forced sync; write-back from 0.18, dispatch
 reset from 0.19), gated on what :func:`~mbridge_mxfp8_plugin.probe_core` finds in the installed
 cell, not on the verifier. The ``opt:`` cases run the product path: the loop API with

@@ -100,7 +100,7 @@ def _core_files(*, a: bool, b1: bool, c: bool) -> object:
 @pytest.mark.parametrize(
     ("fixed", "loop", "present"),
     [
-        # UPSTREAM.md: core 0.16.1 + Bridge 0.3/0.4 (no staging): everything.
+        # docs/upstream.md: core 0.16.1 + Bridge 0.3/0.4 (no staging): everything.
         ((False, False, False), (False, False), {"A", "B1", "B2", "C", "E"}),
         # core 0.18.2 + Bridge 0.5.1: stages before evals only -> saves still gather gradients (B2).
         ((True, True, False), (True, False), {"B2", "C", "E"}),

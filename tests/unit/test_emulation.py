@@ -1,8 +1,8 @@
 """The emulated MXFP8 tensor must behave the way megatron-core relies on, and quantize the way
 Transformer Engine's rowwise E4M3 cast does (see the module docstring).
 
-The crafted cases carry values worked out by hand from TE's rule (UPSTREAM.md, "More upstream
-facts"), with the arithmetic in the comments; the random test compares against a scalar reference
+The crafted cases carry values worked out by hand from TE's rule (as mbridge_mxfp8_plugin/mxfp8_cast.py
+states it), with the arithmetic in the comments; the random test compares against a scalar reference
 written from the same rule with exact arithmetic, not from the vectorised code under test.
 """
 
@@ -167,8 +167,9 @@ def test_cast_elements_and_layout():
 
 
 def test_requantizing_dequantized_values_halves_the_scale_but_keeps_values():
-    # UPSTREAM.md: a block whose dequantized max is <= 224 * s comes back with scale s/2. "amax_449"
-    # has s = 2 (e = 128) and dequantized max 448 = 224 * s; 448 * fp32(1/448) = 1.0 -> e = 127.
+    # emulated_mxfp8's docstring: a block whose dequantized max is <= 224 * s comes back with
+    # scale s/2. "amax_449" has s = 2 (e = 128) and dequantized max 448 = 224 * s;
+    # 448 * fp32(1/448) = 1.0 -> e = 127.
     first = mxfp8_quantize(_block(449.0, -449.0, 3.0))
     elements, exponents = mxfp8_cast(first)
     assert exponents.tolist() == [127]

@@ -1,7 +1,7 @@
 """The engine's state machine in one process, against fakes of megatron-core that behave as each
 release does (tests/harness/fake_core.py): which event stages, gathers, writes back or resets.
 
-Expectations come from UPSTREAM.md's defect facts, not from the engine: an eval must read the
+Expectations come from docs/upstream.md's defect table, not from the engine: an eval must read the
 current main params (B1/B2), the step after a forced sync must gather and leave a zeroed buffer
 (C), a checkpoint save must capture the current weights, a gather in flight is never reset or
 re-dispatched, an eval without an optimizer keeps the loaded weights, and where the loop and
@@ -112,7 +112,7 @@ def test_checkpoint_save_captures_the_current_weights(release):
     control = make_job(release)
     _train_step(control, value=2.0)
     control.chunk.disable_forward_pre_hook()
-    assert control.weights() != [2.0]  # stale or gathered gradients, as UPSTREAM.md measured
+    assert control.weights() != [2.0]  # stale or gathered gradients, as docs/upstream.md records
     job = make_job(release)
     engine = _engine(job)
     _train_step(job, engine, value=2.0)

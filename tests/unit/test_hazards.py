@@ -2,7 +2,7 @@
 
 Runs in every matrix cell: whether a hazard fires is gated on what the installed files show
 (:func:`probe_hazard_files`), and :func:`test_probe_agrees_with_release_facts` pins that probe to
-the release facts of UPSTREAM.md for the installed versions, so a cell where the probe and the
+the release facts (docs/check.md's rule table) for the installed versions, so a cell where the probe and the
 facts disagree fails instead of silently testing the other branch. In the main venv (core 0.16.1 +
 Bridge 0.3.1) MX007 and MX014-MX016 all apply; in the core0192 cell (0.19.2 + 0.6.2) only MX016
 does, and MX007 is rejected by megatron-core itself. Each rule is also shown *not* to fire on the
@@ -37,7 +37,7 @@ def _release(dist: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-#: UPSTREAM.md "More upstream facts": the release that fixed (or rejects) each hazard.
+#: The release that fixed (or rejects) each hazard (docs/check.md's rule table; the change per line).
 def _facts() -> dict[str, bool]:
     core, bridge = _release("megatron-core"), _release("megatron-bridge")
     return {

@@ -1,10 +1,11 @@
 """The kit's TE-shaped MXFP8 param (``testing/te_mxfp8.py``) holds what Transformer Engine's holds,
 in both directions, and behaves where megatron-core touches it as TE's ``MXFP8Tensor`` does.
 
-Bytes and values of the crafted block are worked out by hand from TE's rule (UPSTREAM.md, "More
-upstream facts"; the arithmetic is in the comments); the Gaussian cases check properties stated
-there (re-quantizing dequantized values keeps the values, halves the scale of the blocks whose max
-is at most 224 * s), with the criterion computed from the stored scale bytes, not by the cast.
+Bytes and values of the crafted block are worked out by hand from TE's rule (as
+mbridge_mxfp8_plugin/mxfp8_cast.py states it; the arithmetic is in the comments); the Gaussian
+cases check properties emulated_mxfp8's docstring states (re-quantizing dequantized values keeps
+the values, halves the scale of the blocks whose max is at most 224 * s), with the criterion
+computed from the stored scale bytes, not by the cast.
 """
 
 from __future__ import annotations
