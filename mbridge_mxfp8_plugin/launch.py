@@ -7,17 +7,23 @@ Hydra overrides -> ``pretrain(config, forward_step)``. They take no callbacks, a
 plugin. This module is that script with two differences: the ``mxfp8_plugin`` section (file and
 ``mxfp8_plugin.*`` overrides) is split off before Bridge sees it and read as
 :class:`~mbridge_mxfp8_plugin.options.PluginOptions`, and ``pretrain()`` gets
-``callbacks=[MXFP8ParamSyncCallback(options)]`` when ``mxfp8_plugin.enabled`` is true.
-Everything else is Bridge's code (``omegaconf_utils``), called in Bridge's order, so a file
-means the same here as under Bridge's ``--config-file``; keys Bridge would skip with a
-(filtered) warning are refused instead.
+``callbacks=[MXFP8ParamSyncCallback(options)]`` when ``mxfp8_plugin.enabled`` is true. The merge
+is Bridge's own code (:func:`.config.read.merge_onto_container`), so a file means the same here
+as under Bridge's ``--config-file``; keys Bridge would skip with a (filtered) warning are refused.
+
+Order matters for a user waiting on a queue: the file, the overrides, the plugin options and
+``check``'s input rules are judged first, in a second, before Bridge (tens of seconds to import,
+and Transformer Engine under it) is touched; then Bridge, the recipe and the forward step are
+imported, each failure one line naming what is missing and how to install it. ``--dry-run``
+stops after building the job and prints what a run would start with (:mod:`._launch_report`).
 
 Usage (under ``torchrun --nproc_per_node=N -m mbridge_mxfp8_plugin.launch ...`` as well)::
 
     python -m mbridge_mxfp8_plugin.launch --recipe llama3_8b_pretrain_config \
         --config-file llama3_8b_mxfp8_pretrain train.train_iters=100 mxfp8_plugin.strict=false
 
-Bad input exits 2 with one ``error:`` line (no traceback) naming the flag or key and the fix.
+Exit status: 0 the job ran (or, with ``--dry-run``, would start); 1 (``--dry-run`` only) the
+train-start config check would refuse it; 2 bad input or a missing package, one ``error:`` line.
 """
 
 from __future__ import annotations
@@ -25,28 +31,31 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import importlib.util
 import inspect
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._log import log_rank_zero, show_plugin_messages
+from .config.read import RecipeInput, compose, merge_onto_container, plugin_section
 from .errors import MXFP8ConfigError
-from .options import PLUGIN_SECTION, PluginOptions, option_types
+from .options import PLUGIN_SECTION, PluginOptions
 
-__all__ = ["Launch", "LaunchError", "main", "prepare"]
+__all__ = ["Launch", "LaunchError", "main", "plugin_options", "prepare"]
 
 #: ``--forward-step`` default, Bridge's GPT step (its scripts' ``--step_func gpt_step``).
 DEFAULT_FORWARD_STEP = "megatron.bridge.training.gpt_step:forward_step"
 _FINETUNE_WORDS = ("finetune", "sft", "peft", "lora")
+EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 class LaunchError(MXFP8ConfigError):
-    """Bad launcher input: one line naming the flag or key, the value, and the fix."""
+    """Bad launcher input or a missing package: one line naming the flag or key, the value, and the fix."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,6 +99,15 @@ def _parser() -> argparse.ArgumentParser:
         help="module:function, or a module of megatron.bridge.training with a forward_step "
         "(gpt_step, vlm_step, llava_step); default: %(default)s",
     )
+    p.add_argument(
+        "--dry-run",
+        "--dry_run",
+        dest="dry_run",
+        action="store_true",
+        help="build the job exactly as a run would, run the config checks, print the plugin options "
+        "and the MXFP8 knobs, and exit without training (0: it would start, 1: the train-start "
+        "check would refuse it)",
+    )
     return p
 
 
@@ -101,24 +119,30 @@ class Launch:
     options: PluginOptions
     forward_step: Callable[..., Any]
     mode: str
+    #: Bridge's ``pretrain`` or ``finetune``, imported while the job was built
+    entry: Callable[..., Any]
     #: the plugin's callback, or empty when ``mxfp8_plugin.enabled`` is false
     callbacks: list[Any] = field(default_factory=list)
+    #: the file and overrides as read before the recipe was built (for ``--dry-run``'s report)
+    recipe: RecipeInput | None = None
+    #: ``check``'s report on the file and overrides (input rules; the job's own check runs at train start)
+    file_report: Any = None
+    #: what is launched, in words: mode, recipe, file
+    summary: str = ""
+    #: ``--dry-run``: report the job instead of running it
+    dry_run: bool = False
 
     def run(self, extra_callbacks: Sequence[Any] = ()) -> None:
         """Bridge's ``pretrain``/``finetune`` with the plugin's callback first, then ``extra_callbacks``."""
         callbacks = [*self.callbacks, *extra_callbacks]
         if self.mode == "finetune":
-            from megatron.bridge.training.finetune import finetune  # type: ignore[import-not-found]
-
-            _check_finetune_takes_callbacks(finetune, callbacks)
+            _check_finetune_takes_callbacks(self.entry, callbacks)
             if callbacks:
-                finetune(self.config, self.forward_step, callbacks=callbacks)
-            else:
-                finetune(self.config, self.forward_step)
+                self.entry(self.config, self.forward_step, callbacks=callbacks)
+            else:  # Bridge 0.3's finetune() has no callbacks parameter
+                self.entry(self.config, self.forward_step)
             return
-        from megatron.bridge.training.pretrain import pretrain  # type: ignore[import-not-found]
-
-        pretrain(self.config, self.forward_step, callbacks=callbacks or None)
+        self.entry(self.config, self.forward_step, callbacks=callbacks or None)
 
 
 def _check_finetune_takes_callbacks(finetune: Callable[..., Any], callbacks: list[Any]) -> None:
@@ -146,28 +170,13 @@ def _bridge_version() -> str:
         return "unknown version"
 
 
-# --------------------------------------------------------------------------- overrides
-def _override_key(text: str) -> str:
-    key = text.split("=", 1)[0]
-    return key.lstrip("+~")
-
-
-def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``(bridge_overrides, plugin_overrides)``: those under ``mxfp8_plugin`` never reach Bridge."""
-    bridge: list[str] = []
-    plugin: list[str] = []
-    for text in overrides:
-        key = _override_key(text)
-        (plugin if key == PLUGIN_SECTION or key.startswith(PLUGIN_SECTION + ".") else bridge).append(text)
-    return bridge, plugin
-
-
+# --------------------------------------------------------------------------- before any heavy import
 def _check_override_syntax(overrides: Sequence[str]) -> None:
     for text in overrides:
         if text.startswith("-") and not text.startswith("~"):
             raise LaunchError(
                 f"unknown option {text.split('=', 1)[0]!r}: the launcher takes --recipe, --config-file, "
-                "--mode, --forward-step, then KEY=VALUE overrides"
+                "--mode, --forward-step, --dry-run, then KEY=VALUE overrides"
             )
         if "=" not in text and not text.startswith("~"):
             raise LaunchError(
@@ -176,66 +185,68 @@ def _check_override_syntax(overrides: Sequence[str]) -> None:
             )
 
 
-def plugin_section(config_file: str | Path | None, plugin_overrides: Sequence[str]) -> PluginOptions:
-    """The ``mxfp8_plugin`` section of the file with ``mxfp8_plugin.*`` overrides applied, validated.
+def _options_of(recipe: RecipeInput) -> PluginOptions:
+    recipe.require_resolved(
+        PLUGIN_SECTION + ".",
+        fix="the launcher reads plugin options before the recipe exists; write the value",
+    )
+    return PluginOptions.from_mapping(plugin_section(recipe.data, recipe.path)[1])
 
-    Read with the plugin's bounded reader (same OmegaConf and Hydra grammar as Bridge) before
-    anything heavy is imported, so a typo in a knob fails in a second, not after Bridge's import.
-    """
-    section: dict[str, Any] = {}
-    if config_file is not None:
-        from .config.read import read_recipe_file
 
-        recipe = read_recipe_file(config_file)
-        raw = recipe.data.get(PLUGIN_SECTION)
-        if raw is not None and not isinstance(raw, dict):
-            raise LaunchError(
-                f"{config_file}: {PLUGIN_SECTION} must be a mapping of plugin options, got {raw!r}"
-            )
-        section = dict(raw or {})
-        refs = [k for k in recipe.base_refs if k.startswith(PLUGIN_SECTION + ".")]
-        if refs:
-            raise LaunchError(
-                f"{config_file}: {refs[0]} is {recipe.base_refs[refs[0]]}, which the launcher cannot "
-                "resolve before the job is built; write the value"
-            )
-    if plugin_overrides:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
+def plugin_options(config_file: str | Path | None, overrides: Sequence[str] = ()) -> PluginOptions:
+    """The options the job will run with: the file's ``mxfp8_plugin`` section with the
+    ``mxfp8_plugin.*`` overrides applied (other overrides are read too, and must parse)."""
+    return _options_of(compose([config_file] if config_file is not None else [], overrides))
 
-        parser = OverridesParser.create()
-        types = option_types()
-        for text in plugin_overrides:
-            try:
-                (override,) = parser.parse_overrides(overrides=[text])
-            except Exception as exc:  # noqa: BLE001 - Hydra raises several types; all mean "bad syntax"
-                raise LaunchError(f"override {text!r}: {str(exc).strip().splitlines()[0]}") from None
-            parts = override.key_or_group.split(".")
-            if len(parts) != 2:
-                raise LaunchError(
-                    f"override {text!r}: give one plugin option as {PLUGIN_SECTION}.NAME=VALUE "
-                    f"(options: {', '.join(types)})"
-                )
-            name = parts[1]
-            if override.is_delete():
-                section.pop(name, None)
-            else:
-                section[name] = override.value()
+
+def _base_recipe(name: str) -> Any:
+    """The recipe function's source facts for ``check``'s input rules (read, not imported), or
+    None where the recipe is the user's own or its source says nothing."""
+    from .probes.recipe_source import find_recipe
+
     try:
-        return PluginOptions.from_mapping(section)
-    except MXFP8ConfigError as exc:
-        raise LaunchError(str(exc)) from None
+        return find_recipe(name.replace(":", "."))
+    except Exception:  # noqa: BLE001 - a reader of upstream source: no verdict is "not known"
+        return None
+
+
+def _check_input(recipe: RecipeInput, options: PluginOptions, recipe_name: str) -> Any:
+    """``check``'s rules on the file and overrides: a key or a type it knows to be wrong cannot be
+    applied faithfully, so it stops the launch here, in a second, with the first error."""
+    from .config.validate import validate_config
+
+    report = validate_config(
+        recipe.data,
+        dp_size=options.dp_size,
+        strict=False,
+        skipped=recipe.not_checked(),
+        base_recipe=_base_recipe(recipe_name),
+    )
+    structural = [f for f in report.errors if f.rule.startswith("MX1")]
+    if structural:
+        more = (
+            f" (and {len(structural) - 1} more: mxfp8-plugin check shows them all)" if structural[1:] else ""
+        )
+        raise LaunchError(f"{recipe.path}: {structural[0].line()}{more}")
+    return report
 
 
 # --------------------------------------------------------------------------- names -> objects
+def _import(module: str, what: str) -> Any:
+    """``importlib.import_module``, any failure one line (:func:`._missing.import_failure`)."""
+    from ._missing import import_failure
+
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - an import can raise anything (TE: OSError, RuntimeError)
+        raise LaunchError(import_failure(exc, what, module)) from None
+
+
 def _import_attr(spec: str, flag: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise LaunchError(f"{flag} {spec!r}: expected module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise LaunchError(f"{flag} {spec!r}: cannot import {exc.name or module_name!r} ({exc})") from None
-    obj = module
+    obj = _import(module_name, f"{flag} {spec!r}")
     for part in attr.split("."):
         if not hasattr(obj, part):
             close = difflib.get_close_matches(part, [n for n in dir(obj) if not n.startswith("_")], n=1)
@@ -251,7 +262,7 @@ def recipe_function(name: str) -> Callable[[], Any]:
     """``module:function``, or a recipe exported by ``megatron.bridge.recipes`` (as Bridge's script)."""
     if ":" in name:
         return _import_attr(name, "--recipe")  # type: ignore[no-any-return]
-    recipes = importlib.import_module("megatron.bridge.recipes")
+    recipes = _import("megatron.bridge.recipes", f"--recipe {name}")
     if not callable(getattr(recipes, name, None)):
         known = [n for n in dir(recipes) if n.endswith("_config") and not n.startswith("_")]
         close = difflib.get_close_matches(name, known, n=3)
@@ -269,120 +280,85 @@ def forward_step_function(name: str) -> Callable[..., Any]:
     return _import_attr(name, "--forward-step")  # type: ignore[no-any-return]
 
 
-# --------------------------------------------------------------------------- Bridge's merge
-def _unknown_keys(obj: Any, data: dict[str, Any], prefix: str = "") -> list[str]:
-    """Keys Bridge's ``apply_overrides`` would skip (with a WARNING its own filter hides)."""
-    out = []
-    names = {f.name for f in fields(obj)} if is_dataclass(obj) else set()
-    for key, value in data.items():
-        if key.startswith("_") and key.endswith("_"):  # _target_, _call_, ...: Bridge's instantiation
-            continue
-        if not hasattr(obj, key):
-            close = difflib.get_close_matches(key, sorted(names), n=1)
-            out.append(f"{prefix}{key}" + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
-            continue
-        current = getattr(obj, key)
-        if is_dataclass(current) and isinstance(value, dict) and "_target_" not in value:
-            out += _unknown_keys(current, value, f"{prefix}{key}.")
-    return out
+def _entry(mode: str) -> Callable[..., Any]:
+    """Bridge's ``pretrain`` or ``finetune``: importing it is importing Bridge's training stack."""
+    module = _import(f"megatron.bridge.training.{mode}", "Megatron-Bridge")
+    return getattr(module, mode)  # type: ignore[no-any-return]
 
 
-def merge_like_bridge(config: Any, config_file: str | Path | None, overrides: Sequence[str]) -> Any:
-    """Bridge's ``process_config_with_overrides``, step by step, with the plugin section removed.
+def _build_config(make_config: Callable[[], Any], name: str) -> Any:
+    try:
+        config = make_config()
+    except ImportError as exc:  # the recipe imports lazily (a provider, a tokenizer): same one line
+        from ._missing import import_failure
 
-    Steps (``training/utils/omegaconf_utils.py``, 0.3 to 0.6): the container to OmegaConf
-    (callables set aside), ``OmegaConf.load`` + ``OmegaConf.merge`` of the file, Hydra overrides
-    in struct mode, resolve, apply back onto the dataclasses.
-    """
-    from megatron.bridge.training.utils import omegaconf_utils as ou  # type: ignore[import-not-found]
-    from omegaconf import DictConfig, OmegaConf
-
-    omega, excluded = ou.create_omegaconf_dict_config(config)
-    if config_file is not None:
-        yaml_conf = OmegaConf.load(config_file)
-        if isinstance(yaml_conf, DictConfig) and PLUGIN_SECTION in yaml_conf:
-            yaml_conf.pop(PLUGIN_SECTION)
-        omega = OmegaConf.merge(omega, yaml_conf)
-    if overrides:
-        try:
-            omega = ou.parse_hydra_overrides(omega, list(overrides))
-        except ou.OverridesError as exc:
-            cause = exc.__cause__ or exc
-            first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-            raise LaunchError(
-                f"overrides {' '.join(overrides)}: {first} (a key the recipe lacks needs +KEY=VALUE)"
-            ) from None
-    final = OmegaConf.to_container(omega, resolve=True)
-    assert isinstance(final, dict)
-    unknown = _unknown_keys(config, {str(k): v for k, v in final.items()})
-    if unknown:
-        source = f"{config_file} / overrides" if config_file else "overrides"
         raise LaunchError(
-            f"{source}: not a field of the recipe's ConfigContainer, Bridge would skip it: "
-            f"{', '.join(unknown)}; fix the name"
-        )
-    ou.apply_overrides(config, final, excluded)
+            import_failure(exc, f"--recipe {name}", getattr(exc, "name", None) or name)
+        ) from None
+    if not all(hasattr(config, s) for s in ("model", "train", "optimizer")):
+        raise LaunchError(f"--recipe {name!r} returned a {type(config).__name__}, not a ConfigContainer")
     return config
 
 
 # --------------------------------------------------------------------------- entry points
 def prepare(argv: Sequence[str]) -> Launch:
-    """Parse ``argv``, read the plugin section, build and merge the config; raises :class:`LaunchError`."""
+    """Parse ``argv`` and build the job as a run does; raises :class:`LaunchError` (or the reader's
+    ``RecipeError``) with one line."""
     args, rest = _parser().parse_known_args(list(argv))
     _check_override_syntax(rest)
-    bridge_overrides, plugin_overrides = split_overrides(rest)
-    config_file: Path | None = None
+    files: list[Path] = []
     if args.config_file is not None:
         from .recipe_files import resolve_recipe
 
-        config_file = resolve_recipe(args.config_file)
-        if not config_file.is_file():
+        files.append(resolve_recipe(args.config_file))
+        if not files[0].is_file():
             raise LaunchError(
                 f"--config-file {args.config_file!r}: no such file and no shipped recipe of that name"
             )
-    options = plugin_section(config_file, plugin_overrides)
+    early = compose(files, rest)  # no recipe yet: what only the recipe decides is left unchecked
+    options = _options_of(early)
+    file_report = _check_input(early, options, args.recipe)
     mode = args.mode or ("finetune" if any(w in args.recipe.lower() for w in _FINETUNE_WORDS) else "pretrain")
     make_config = recipe_function(args.recipe)
+    entry = _entry(mode)
     if mode == "finetune" and options.enabled:  # refuse before the (long) config build
-        from megatron.bridge.training.finetune import finetune  # type: ignore[import-not-found]
-
-        _check_finetune_takes_callbacks(finetune, ["plugin"])
+        _check_finetune_takes_callbacks(entry, ["plugin"])
     forward_step = forward_step_function(args.forward_step)
-    config = make_config()
-    if not all(hasattr(config, s) for s in ("model", "train", "optimizer")):
-        raise LaunchError(
-            f"--recipe {args.recipe!r} returned a {type(config).__name__}, not a ConfigContainer"
-        )
-    merge_like_bridge(config, config_file, bridge_overrides)
+    config = _build_config(make_config, args.recipe)
+    merge_onto_container(config, files, rest)
     callbacks: list[Any] = []
     if options.enabled:
         from .bridge import MXFP8ParamSyncCallback
 
         callbacks.append(MXFP8ParamSyncCallback(options))
-    log_rank_zero(
-        logging.INFO,
-        "launch: %s with %s (%s); MXFP8 param-sync plugin %s",
-        mode,
-        args.recipe,
-        config_file or "no --config-file",
-        "enabled" if options.enabled else "disabled by mxfp8_plugin.enabled=false",
+    summary = f"{mode} with {args.recipe} ({files[0] if files else 'no --config-file'})"
+    state = "enabled" if options.enabled else "disabled by mxfp8_plugin.enabled=false"
+    log_rank_zero(logging.INFO, "launch: %s; MXFP8 param-sync plugin %s", summary, state)
+    return Launch(
+        config, options, forward_step, mode, entry, callbacks, early, file_report, summary, args.dry_run
     )
-    return Launch(config, options, forward_step, mode, callbacks)
 
 
 def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[Any] = ()) -> int:
-    """Run the job; 0 when it finished, 2 (one ``error:`` line, rank 0 only) for bad input.
+    """Run the job (or, with ``--dry-run``, report it); the exit status is the module docstring's.
 
     ``callbacks`` run after the plugin's (e.g. a script's own loggers, or a test's recorder).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
     show_plugin_messages()
+    rank_zero = os.environ.get("RANK", "0") == "0"
     try:
-        prepare(sys.argv[1:] if argv is None else argv).run(callbacks)
+        launch = prepare(argv)
+        if launch.dry_run:
+            from ._launch_report import dry_run
+
+            return dry_run(launch, sys.stdout if rank_zero else None)
+        launch.run(callbacks)
     except MXFP8ConfigError as exc:  # LaunchError, RecipeError, a strict config-rule failure
-        if os.environ.get("RANK", "0") == "0":
+        if rank_zero:
             print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_BAD_INPUT
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -4,32 +4,31 @@ The proof runs Megatron-Bridge's real ``pretrain()`` (2 gloo ranks, as tests/bri
 three times in one rank launch (harness/bridge_real/launcher_job.py): the shipped recipe
 ``tiny_gpt_mxfp8_launch`` through the launcher, the same job built in Python with
 ``MXFP8ParamSyncCallback`` passed by hand, and the launcher with ``mxfp8_plugin.enabled=false``.
-The rest (argument and YAML errors, the argv form of ``load_recipe``) runs in this process or as
-one short subprocess, without importing Bridge.
+``--dry-run`` runs in this process on the same recipe flow (Bridge's ``omegaconf_utils``,
+``ConfigContainer`` and ``pretrain`` module; TE stood in for), and a missing or broken Transformer
+Engine, or Bridge's recipe package failing to import, must each be one line and exit 2. What is
+judged before Bridge is imported is tests/unit/test_launch_args.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from mbridge_mxfp8_plugin.launch import (
-    LaunchError,
-    _check_finetune_takes_callbacks,
-    main,
-    plugin_section,
-    split_overrides,
-)
-from mbridge_mxfp8_plugin.options import PluginOptions
-from mbridge_mxfp8_plugin.recipes import RecipeError, load_recipe
+from mbridge_mxfp8_plugin.launch import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny_gpt_mxfp8_launch.yaml"
+#: the recipe function of the tests: the real tier's tiny GPT ConfigContainer, MXFP8 knobs off
+JOB = "harness.bridge_real.launcher_job:tiny_gpt_config"
 SUMMARY = "MXFP8 param-sync plugin active"
 TOL = 1e-4
 
@@ -56,115 +55,112 @@ def _plugin_logger_restored():
     log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
 
 
-# --------------------------------------------------------------------------- argv and YAML
-def test_plugin_overrides_never_reach_bridge():
-    bridge, plugin = split_overrides(
-        ["train.train_iters=2", "mxfp8_plugin.strict=false", "+mxfp8_plugin.dp_size=8"]
+# --------------------------------------------------------------------------- --dry-run
+@pytest.fixture(scope="module")
+def dry_run():
+    """``main(["--dry-run", ...])`` in this process on Bridge's real recipe flow (its
+    ``omegaconf_utils``, ``pretrain`` module and ``ConfigContainer``), TE and CUDA stood in for by
+    ``bridge_on_cpu``; returns ``(exit status, stdout, stderr)``."""
+    from harness.bridge_cpu import bridge_on_cpu
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with bridge_on_cpu(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(["--dry-run", *argv])
+        return rc, out.getvalue(), err.getvalue()
+
+    if _BRIDGE_MISSING and os.environ.get("MXFP8_REAL_BRIDGE") != "require":
+        pytest.skip(f"needs {_BRIDGE_MISSING}")
+    return run
+
+
+def _knob(out: str, name: str) -> str:
+    (line,) = [ln for ln in out.splitlines() if ln.split()[:1] == [name]]
+    return line.split()[1]
+
+
+def test_dry_run_builds_the_job_and_trains_nothing(dry_run):
+    rc, out, err = dry_run("--recipe", JOB, "--config-file", str(RECIPE), "mxfp8_plugin.verify_sample=0.25")
+    assert rc == 0, out + err
+    assert (
+        "verdict: the job would start" in out
+        and "callbacks added to pretrain(): MXFP8ParamSyncCallback" in out
     )
-    assert bridge == ["train.train_iters=2"]
-    assert plugin == ["mxfp8_plugin.strict=false", "+mxfp8_plugin.dp_size=8"]
+    # the options: the file's section, then the override
+    assert "  dp_size: 2\n" in out and "  verify_sample: 0.25\n" in out and "  strict: true\n" in out
+    # the knobs the YAML switches on and the recipe function leaves off (the merge happened)
+    assert _knob(out, "ddp.reuse_grad_buf_for_mxfp8_param_ag") == "true"
+    assert "mxfp8  (from mixed_precision=bf16_with_mxfp8_mixed)" in out
+    assert "MX001  pass" in out and "0 error(s)" in out
+    assert not torch.distributed.is_initialized()  # pretrain() (initialize_megatron) never ran
 
 
-def test_every_knob_of_the_section_and_the_overrides_is_read(tmp_path):
-    """Each knob set away from its default in the file (or on the command line) comes back set."""
-    flipped = {
-        name: not value for name, value in PluginOptions().as_mapping().items() if isinstance(value, bool)
+def test_dry_run_says_when_train_start_would_refuse(dry_run):
+    """No distributed optimizer: param gather cannot work (MX003). Strict, a run would refuse to
+    start (exit 1); lenient, it would log and train (exit 0)."""
+    off = ["ddp.use_distributed_optimizer=false", "optimizer.use_distributed_optimizer=false"]
+    rc, out, _ = dry_run("--recipe", JOB, "--config-file", str(RECIPE), *off)
+    assert rc == 1 and "verdict: the train-start check would refuse this job" in out, out
+    assert "error MX003" in out and _knob(out, "ddp.use_distributed_optimizer") == "false"
+    rc, out, _ = dry_run("--recipe", JOB, "--config-file", str(RECIPE), *off, "mxfp8_plugin.strict=false")
+    assert rc == 0 and "a run would log these errors and train (strict: false)" in out, out
+
+
+def test_dry_run_refuses_what_a_run_refuses(dry_run):
+    """The job is built as for a run: a key the ConfigContainer lacks (Bridge would skip it) and
+    a recipe function that is not there stop the dry run with the run's one line."""
+    rc, _, err = dry_run("--recipe", JOB, "--config-file", str(RECIPE), "+model.num_layerz=3")
+    assert rc == 2 and err.count("error: ") == 1 and "model.num_layerz" in err and "num_layers" in err, err
+    rc, _, err = dry_run("--recipe", JOB + "x", "--config-file", str(RECIPE))
+    assert rc == 2 and "did you mean 'tiny_gpt_config'" in err, err
+
+
+def test_bridges_own_recipe_package(dry_run):
+    """``--recipe NAME`` imports ``megatron.bridge.recipes``, which imports every model family's
+    recipes; in 0.3-0.6 the Qwen-VL ones import megatron-energon at module level. Where energon is
+    absent (this host) that is one line naming it and its install; where present, a real recipe's
+    dry run."""
+    rc, out, err = dry_run(
+        "--recipe", "llama3_8b_pretrain_config", "--config-file", "llama3_8b_mxfp8_pretrain"
+    )
+    if importlib.util.find_spec("megatron.energon") is None:
+        assert rc == 2 and err.count("error: ") == 1 and "Traceback" not in err, err
+        assert "megatron-energon is not installed" in err and "pip install megatron-energon" in err, err
+    else:
+        assert rc in (0, 1) and "plugin options (mxfp8_plugin):" in out, out + err
+
+
+# --------------------------------------------------------------------------- Transformer Engine
+_TE_BROKEN = "raise OSError('libcudart.so.12: cannot open shared object file: No such file or directory')\n"
+
+
+def test_transformer_engine_missing_or_broken_is_one_line(tmp_path):
+    """Bridge's package import reaches Transformer Engine (peft's LoRA layers). Absent (this host),
+    or present but failing to load its CUDA libraries (a stand-in package that raises as TE's own
+    ``__init__`` does then), the launcher answers in one line naming TE and the fix."""
+    broken = tmp_path / "broken_te"
+    (broken / "transformer_engine").mkdir(parents=True)
+    (broken / "transformer_engine" / "__init__.py").write_text(_TE_BROKEN)
+    argv = [sys.executable, "-m", "mbridge_mxfp8_plugin.launch", "--dry-run", "--recipe", JOB]
+    argv += ["--config-file", str(RECIPE)]
+    env = {**os.environ, "NO_VCS_VERSION": "1", "PYTHONWARNINGS": "ignore"}
+    cases = {"broken": {**env, "PYTHONPATH": os.pathsep.join([str(broken), env.get("PYTHONPATH", "")])}}
+    if importlib.util.find_spec("transformer_engine") is None:
+        cases["missing"] = env
+    procs = {
+        name: subprocess.Popen(
+            argv, cwd=ROOT / "tests", env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, e in cases.items()
     }
-    lines = ["mxfp8_plugin:"] + [f"  {k}: {str(v).lower()}" for k, v in flipped.items()]
-    path = tmp_path / "r.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    options = plugin_section(path, ["mxfp8_plugin.dp_size=16", "mxfp8_plugin.verify_sample=0.25"])
-    assert options.as_mapping() == {**flipped, "dp_size": 16, "verify_sample": 0.25}
-    # the command line wins over the file, ~ restores the default
-    options = plugin_section(path, ["mxfp8_plugin.enabled=true", "~mxfp8_plugin.strict"])
-    assert options.enabled is True and options.strict is True
-
-
-@pytest.mark.parametrize(
-    ("argv", "names"),
-    [
-        (["--recipe", "a:b", "--bogus", "1"], ["--bogus"]),
-        (["--recipe", "a:b", "train_iters"], ["train_iters", "KEY=VALUE"]),
-        (["--recipe", "no_such_module_xyz:f"], ["--recipe", "no_such_module_xyz"]),
-        (["--recipe", "a:b", "--config-file", "no/such.yaml"], ["--config-file", "no/such.yaml"]),
-        (
-            ["--recipe", "a:b", "--config-file", str(RECIPE), "mxfp8_plugin.enabeld=false"],
-            ["enabeld", "enabled"],
-        ),
-        (["--recipe", "a:b", "--config-file", str(RECIPE), "mxfp8_plugin.strict=maybe"], ["strict", "maybe"]),
-        (["--recipe", "a:b", "mxfp8_plugin.strict=["], ["mxfp8_plugin.strict=["]),
-        (["--recipe", "a:b", "--mode", "train"], ["--mode", "train"]),
-        ([], ["--recipe"]),
-    ],
-    ids=[
-        "unknown-flag",
-        "not-key-value",
-        "recipe-module",
-        "config-file",
-        "knob-typo",
-        "knob-type",
-        "syntax",
-        "mode",
-        "no-recipe",
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(argv, names, capsys):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    for name in names:
-        assert name in err, (name, err)
-
-
-def test_as_a_module_bad_input_prints_no_traceback():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mbridge_mxfp8_plugin.launch",
-            "--recipe",
-            "a:b",
-            "mxfp8_plugin.enabeld=false",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "error: mxfp8_plugin.enabeld is not a plugin option (did you mean 'enabled'?)"
-    ]
-
-
-def test_finetune_refused_only_where_it_takes_no_callbacks():
-    def finetune_03(config, forward_step_func):  # Bridge 0.3.x's signature
-        ...
-
-    def finetune_04(config, forward_step_func, callbacks=None):  # Bridge >= 0.4.0
-        ...
-
-    _check_finetune_takes_callbacks(finetune_04, ["plugin"])
-    _check_finetune_takes_callbacks(finetune_03, [])  # plugin disabled: nothing to add
-    with pytest.raises(LaunchError, match=r"0\.4\.0.*pretrained_checkpoint"):
-        _check_finetune_takes_callbacks(finetune_03, ["plugin"])
-
-
-def test_load_recipe_takes_bridge_argv(tmp_path):
-    """A Bridge script's ``sys.argv[1:]`` (``--config-file x.yaml`` then overrides) used to reach
-    Hydra's lexer as an override ("--config-file" is no key=value)."""
-    extra = tmp_path / "x.yaml"
-    extra.write_text("train:\n  train_iters: 3\nmxfp8_plugin:\n  strict: false\n")
-    data, options = load_recipe(
-        RECIPE, ["--config-file", str(extra), "train.eval_iters=5", "mxfp8_plugin.prestage=false"]
-    )
-    assert data["train"]["train_iters"] == 3 and data["train"]["eval_iters"] == 5
-    assert data["ddp"]["fp8_param_gather"] is True  # the first file's keys stay
-    assert (options.strict, options.prestage, options.dp_size) == (False, False, 2)
-    data, _ = load_recipe(RECIPE, [f"--config_file={extra}"])
-    assert data["train"]["train_iters"] == 3
-    with pytest.raises(RecipeError, match="--recipe"):
-        load_recipe(RECIPE, ["--recipe", "llama3_8b_pretrain_config"])
+    results = {name: p.communicate(timeout=600) for name, p in procs.items()}
+    for name, (_, err) in results.items():
+        errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+        assert procs[name].returncode == 2 and len(errors) == 1 and "Traceback" not in err, (name, err)
+        assert "Transformer Engine" in errors[0] and "transformer_engine[pytorch]" in errors[0], errors[0]
+    if "missing" in results:
+        assert "no module named 'transformer_engine'" in results["missing"][1]
+    assert "failed in transformer_engine (OSError: libcudart.so.12" in results["broken"][1]
 
 
 # --------------------------------------------------------------------------- real pretrain()

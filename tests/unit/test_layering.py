@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "_argtypes": 0,
     "defects": 0,
     "recipe_files": 0,
+    "_missing": 0,
     "mxfp8_cast": 0,
     "options": 1,
     # what the installed releases do
@@ -50,6 +51,7 @@ LAYERS: dict[str, int] = {
     "api": 7,
     # entry points
     "recipes": 8,
+    "_launch_report": 8,
     "launch": 9,
     "check": 9,
     "doctor": 9,

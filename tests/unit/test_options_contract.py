@@ -126,19 +126,19 @@ def test_verify_weights_is_an_option_of_every_entry_point(tmp_path):
 
     from mbridge_mxfp8_plugin import MXFP8ConfigError
     from mbridge_mxfp8_plugin.check import run_check
-    from mbridge_mxfp8_plugin.launch import LaunchError, plugin_section
+    from mbridge_mxfp8_plugin.launch import plugin_options
 
     assert PluginOptions().verify_weights is False
     assert PluginOptions.from_mapping({"verify_weights": True}).verify_weights is True
     with pytest.raises(MXFP8ConfigError, match="verify_weights must be"):
         PluginOptions.from_mapping({"verify_weights": "yes please"})
     # The launcher reads the section and its overrides into the options the callback gets.
-    assert plugin_section(None, ["mxfp8_plugin.verify_weights=true"]).verify_weights is True
+    assert plugin_options(None, ["mxfp8_plugin.verify_weights=true"]).verify_weights is True
     recipe = tmp_path / "r.yaml"
     recipe.write_text("mxfp8_plugin:\n  verify_weights: true\n")
-    assert plugin_section(recipe, []).verify_weights is True
-    with pytest.raises(LaunchError, match="verify_weights must be"):
-        plugin_section(None, ["mxfp8_plugin.verify_weights=3"])
+    assert plugin_options(recipe, []).verify_weights is True
+    with pytest.raises(MXFP8ConfigError, match="verify_weights must be"):
+        plugin_options(None, ["mxfp8_plugin.verify_weights=3"])
     # check accepts it (a typo of it is refused: the control).
     for key, ok in (("verify_weights", True), ("verify_weight", False)):
         out, err = io.StringIO(), io.StringIO()
@@ -149,18 +149,18 @@ def test_verify_weights_is_an_option_of_every_entry_point(tmp_path):
 def test_verify_sample_is_a_checked_fraction(tmp_path):
     """The sampling knob: a number in (0, 1], from Python, YAML and overrides alike."""
     from mbridge_mxfp8_plugin import MXFP8ConfigError
-    from mbridge_mxfp8_plugin.launch import LaunchError, plugin_section
+    from mbridge_mxfp8_plugin.launch import plugin_options
 
     assert 0 < PluginOptions().verify_sample < 1  # sampled by default
     assert PluginOptions.from_mapping({"verify_sample": 1}).verify_sample == 1
-    assert plugin_section(None, ["mxfp8_plugin.verify_sample=0.5"]).verify_sample == 0.5
+    assert plugin_options(None, ["mxfp8_plugin.verify_sample=0.5"]).verify_sample == 0.5
     for bad in (0, 0.0, 1.5, -0.1):
         with pytest.raises(MXFP8ConfigError, match=r"verify_sample must be a number in \(0, 1\]"):
             PluginOptions.from_mapping({"verify_sample": bad})
     with pytest.raises(MXFP8ConfigError, match="verify_sample must be a number"):
         PluginOptions.from_mapping({"verify_sample": "all"})
-    with pytest.raises(LaunchError, match="verify_sample"):
-        plugin_section(None, ["mxfp8_plugin.verify_sample=2"])
+    with pytest.raises(MXFP8ConfigError, match="verify_sample"):
+        plugin_options(None, ["mxfp8_plugin.verify_sample=2"])
 
 
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])

@@ -35,8 +35,14 @@ RECIPE = "harness.bridge_real.launcher_job:tiny_gpt_config"
 
 
 def tiny_gpt_config() -> Any:
-    """The recipe function: the real tier's tiny GPT, MXFP8 knobs off, emulated MXFP8 weights."""
-    cfg = build_config(JobSpec(mode="reference"), torch.distributed.get_world_size())
+    """The recipe function: the real tier's tiny GPT, MXFP8 knobs off, emulated MXFP8 weights.
+
+    Like Bridge's own recipe functions it needs no process group (``--dry-run`` runs in one
+    plain process): the world size is the group's when there is one, else torchrun's ``WORLD_SIZE``.
+    """
+    dist = torch.distributed
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "2"))
+    cfg = build_config(JobSpec(mode="reference"), world)
     cfg.model.register_pre_wrap_hook(lambda model: _to_mxfp8(model, []))
     return cfg
 
