@@ -41,11 +41,13 @@ import torch
 from mbridge_mxfp8_plugin.testing.megatron_lm_loop import dp_mean
 from mbridge_mxfp8_plugin.testing.toy import Job, make_batches
 
+from .weights import RunRecord, weights_of
+
 __all__ = [
     "LOOP_ORDERS",
     "LoopOrder",
     "LoopSchedule",
-    "RunRecord",
+    "BridgeLoopRun",
     "evaluate_only",
     "find_bridge_file",
     "load_bridge_callbacks",
@@ -171,25 +173,13 @@ class LoopSchedule:
 
 
 @dataclass
-class RunRecord:
-    """Losses the run produced (DP-averaged, identical on every rank) and forced-sync snapshots."""
+class BridgeLoopRun(RunRecord):
+    """A :class:`~harness.weights.RunRecord` plus what the loop did, for the order tests."""
 
-    train_losses: list[float] = field(default_factory=list)
-    eval_losses: dict[int, float] = field(default_factory=dict)
-    saved_weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-    final_weights: dict[str, torch.Tensor] = field(default_factory=dict)
-    #: callbacks fired and forced syncs issued, in order (what the loop did, for order tests)
+    #: callbacks fired and forced syncs issued, in order
     events: list[str] = field(default_factory=list)
     #: weights seen by the weight-hash check, by step
     hashed_weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-
-
-def _weights(model: list[Any]) -> dict[str, torch.Tensor]:
-    return {
-        f"{i}.{n}": p.detach().float().clone()
-        for i, chunk in enumerate(model)
-        for n, p in chunk.named_parameters()
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,7 +283,7 @@ def _make_state(schedule: LoopSchedule, order: LoopOrder | None = None) -> Any:
     )
 
 
-def _finalize_async_saves(state: Any, record: RunRecord) -> None:
+def _finalize_async_saves(state: Any, record: BridgeLoopRun) -> None:
     """``checkpoint_manager.finalize_async_saves`` (0.5.1 L359 non-blocking at the top of each
     iteration, L767/L783 blocking after the closing disable; 0.6.2 L389/L782/L798): the write is
     taken to have finished by the next call, so every queued finalize function runs there."""
@@ -430,7 +420,7 @@ def evaluate_and_print_results(
     *,
     is_test: bool = False,
     loop: str | LoopOrder | None = None,
-    record: RunRecord | None = None,
+    record: BridgeLoopRun | None = None,
 ) -> float:
     """eval.py ``evaluate_and_print_results`` + ``evaluate`` (0.3.1 L278-386 / L42-275).
 
@@ -471,7 +461,7 @@ def _save(
     job: Job,
     order: LoopOrder,
     fire: Any,
-    record: RunRecord,
+    record: BridgeLoopRun,
     key: int,
     *,
     forced: bool = True,
@@ -492,7 +482,7 @@ def _save(
         for chunk in model:
             if hasattr(chunk, "free_overlap_buffers"):
                 chunk.free_overlap_buffers()
-    record.saved_weights[key] = _weights(model)  # what dist-checkpointing writes: param.data
+    record.saved_weights[key] = weights_of(model)  # what dist-checkpointing writes: param.data
     if order.fires_on_checkpoint_save:  # 0.5.1 checkpointing.py L1243-1261 (sync save)
         # save_checkpoint unwrapped the model first (0.6.2 checkpointing.py L1120): the context
         # carries the bare modules, not the DDP chunks the other events carry.
@@ -505,7 +495,9 @@ def _save(
             pending.append(lambda: fire("on_checkpoint_save", optimizer=job.optimizer, model=bare))
 
 
-def _checkpoint_and_decide_exit(job: Job, order: LoopOrder, fire: Any, record: RunRecord, state: Any) -> bool:
+def _checkpoint_and_decide_exit(
+    job: Job, order: LoopOrder, fire: Any, record: BridgeLoopRun, state: Any
+) -> bool:
     """``checkpoint_and_decide_exit`` (0.3.1 L1130-1263, 0.6.2 L1362-1500; same branches in all four):
     signal -> save + exit; regular save, elif non-persistent save; duration -> save unless saved +
     exit; exit_interval -> save unless saved + exit. Every save is ``save_checkpoint_and_time``."""
@@ -549,7 +541,7 @@ def train(
     run_test: bool = False,
     loop: str | LoopOrder | None = None,
     run_valid: bool = False,
-) -> RunRecord:
+) -> BridgeLoopRun:
     """train.py ``train()`` (+ pretrain.py's closing evals) of the given Bridge release, in its order.
 
     ``loop`` picks the release (``"0.3.1"`` default, ``"0.4.2"``, ``"0.5.1"``, ``"0.6.2"`` or X.Y).
@@ -567,7 +559,7 @@ def train(
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     state = _make_state(schedule, order)
     model, optimizer = job.model, job.optimizer
-    record = RunRecord()
+    record = BridgeLoopRun()
     eval_batches = make_batches(job.toy, schedule.eval_iters, rank=rank, world=world, salt=99991)
     stage_opt = optimizer if order.optimizer_prepares_sync else None
     hash_interval = getattr(schedule, "weight_hash_interval", None)
@@ -634,7 +626,7 @@ def train(
                 if toggle:
                     disable_forward_pre_hook(model, optimizer=stage_opt)
                     record.events.append("disable_forward_pre_hook(hash)")
-                record.hashed_weights[step] = _weights(model)
+                record.hashed_weights[step] = weights_of(model)
                 if toggle:
                     enable_forward_pre_hook(model)
             should_exit = _checkpoint_and_decide_exit(job, order, fire, record, state)
@@ -658,7 +650,7 @@ def train(
         _finalize_async_saves(state, record)  # blocking, before on_train_end / sys.exit
         if should_exit:  # 0.3.1 L613-624, 0.6.2 L795-805: sys.exit before on_train_end
             record.events.append("sys.exit")
-            record.final_weights = _weights(model)
+            record.final_weights = weights_of(model)
             return record
         fire("on_train_end", optimizer=optimizer)  # 0.3.1 L626, 0.4.2 L658, 0.5.1 L795, 0.6.2 L810
     finally:
@@ -680,7 +672,7 @@ def train(
         record.eval_losses[-1] = evaluate_and_print_results(
             job, manager, cb, state, eval_batches, is_test=True, loop=order, record=record
         )
-    record.final_weights = _weights(model)
+    record.final_weights = weights_of(model)
     return record
 
 
@@ -692,7 +684,7 @@ def evaluate_only(
     callbacks_module: ModuleType | None = None,
     run_test: bool = False,
     loop: str | LoopOrder | None = None,
-) -> RunRecord:
+) -> BridgeLoopRun:
     """pretrain.py with ``skip_train`` (0.3.1 L141/L175-201, 0.6.2 L148-197): no ``train()`` at all.
 
     The forward pre-hooks stay enabled as ``DistributedDataParallel.__init__`` left them, nothing
@@ -710,7 +702,7 @@ def evaluate_only(
         state.cfg.validation.skip_train = True
     else:
         state.cfg.train.skip_train = True
-    record = RunRecord()
+    record = BridgeLoopRun()
     eval_batches = make_batches(job.toy, schedule.eval_iters, rank=rank, world=world, salt=99991)
     record.eval_losses[0] = evaluate_and_print_results(
         job, manager, cb, state, eval_batches, loop=order, record=record
@@ -719,7 +711,7 @@ def evaluate_only(
         record.eval_losses[-1] = evaluate_and_print_results(
             job, manager, cb, state, eval_batches, is_test=True, loop=order, record=record
         )
-    record.final_weights = _weights(job.model)
+    record.final_weights = weights_of(job.model)
     return record
 
 

@@ -55,6 +55,7 @@ from mbridge_mxfp8_plugin.testing.launcher import launch
 from mbridge_mxfp8_plugin.testing.toy import Job, ToyConfig
 
 from .bridge_loop import LoopSchedule
+from .weights import RunRecord
 
 __all__ = [
     "Case",
@@ -100,13 +101,9 @@ class Case:
 
 
 @dataclass
-class CaseRun:
+class CaseRun(RunRecord):
     """What one mode of one case produced on one rank."""
 
-    train_losses: list[float] = field(default_factory=list)
-    eval_losses: dict[int, float] = field(default_factory=dict)
-    saved_weights: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-    final_weights: dict[str, torch.Tensor] = field(default_factory=dict)
     plugin_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     #: layout facts: chunks, buckets and bucket groups per chunk, optimizers, group sizes
     info: dict[str, Any] = field(default_factory=dict)

@@ -24,21 +24,19 @@ from typing import Any
 from mbridge_mxfp8_plugin.testing.launcher import launch
 from mbridge_mxfp8_plugin.testing.toy import ToyConfig
 
+from .weights import RunRecord
+
 __all__ = ["ScenarioResult", "run_bridge_scenario", "MODES"]
 
 MODES = ("reference", "mxfp8", "plugin", "aligned")
 
 
 @dataclass
-class ScenarioResult:
-    mode: str
-    train_losses: list[float]
-    eval_losses: dict[int, float]
+class ScenarioResult(RunRecord):
+    mode: str = ""
     offset_mismatches_before: int = 0
     offset_mismatches_after: int = 0
     offset_details: list[str] = field(default_factory=list)
-    saved_weights: dict[int, dict[str, Any]] = field(default_factory=dict)
-    final_weights: dict[str, Any] = field(default_factory=dict)
     plugin_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     #: Bridge release whose loop order ran
     loop: str = "0.3.1"
