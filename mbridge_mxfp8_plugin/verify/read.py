@@ -27,6 +27,7 @@ __all__ = ["BLOCK", "Blocks", "Reader", "decode", "reader_for"]
 
 _FP8_FORMATS = {"E4M3": torch.float8_e4m3fn, "E5M2": torch.float8_e5m2}
 _FP32_MANT_BITS = 23
+_BF16_MANT_BITS = 7
 
 
 @dataclass(frozen=True)
@@ -168,5 +169,10 @@ def decode(codes: torch.Tensor, exponents: torch.Tensor, element: Any, dtype: to
     from its bits as TE's dequantization builds it (``e << 23``: 0 for ``e == 0``, which only an
     all-zero or flushed block has under TE's rule); the self-check against a type's own
     ``dequantize`` catches a type that decodes otherwise."""
+    if dtype == torch.bfloat16:
+        # bf16 has fp32's exponent range: the scale is exact, every E4M3/E5M2 code converts
+        # exactly, and the product is rounded once from fp32 as below, with a quarter of the bytes.
+        scale = (exponents.to(torch.int16).unsqueeze(-1) << _BF16_MANT_BITS).view(torch.bfloat16)
+        return codes.view(element).to(torch.bfloat16) * scale
     scale = (exponents.to(torch.int32).unsqueeze(-1) << _FP32_MANT_BITS).view(torch.float32)
     return (codes.view(element).float() * scale).to(dtype)

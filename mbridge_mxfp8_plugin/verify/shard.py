@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import MXFP8UsageError
-from .read import BLOCK, Blocks, Reader
+from .read import BLOCK, Blocks, Reader, decode
 from .reference import Reference, make_reference, self_check
 from .report import ParamMismatch, WeightReport
 
@@ -172,18 +172,22 @@ class ShardCheck:
 
     def _sides(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """The batch's blocks as read from the params, the reference blocks, and the reference
-        instance (None for bf16 params)."""
+        instance (None for bf16 params). One gather per side; codes are decoded once per batch."""
         dtype = batch.param.dtype
         got, main = [], []
         for it in batch.items:
-            got.append(it.reader.values(it.blocks, dtype))
+            got.append(it.blocks.take(it.reader.flat))
             main.append(it.blocks.take(it.main, -it.start))
             if it.tail is not None:
                 got.append(it.tail[0])
                 main.append(it.tail[1])
-        got_all = torch.cat(got) if len(got) > 1 else got[0]
+        got_all = _cat(got)
+        reader = batch.items[0].reader  # one kind and element format per batch (its key)
+        if reader.scales is not None:
+            scales = _cat([_scales_of(it) for it in batch.items])
+            got_all = decode(got_all, scales, reader.element, dtype)
         del got
-        rows = torch.cat(main) if len(main) > 1 else main[0]
+        rows = _cat(main)
         del main
         if batch.round_to is not None:
             rows = rows.to(batch.round_to)
@@ -264,6 +268,15 @@ class ShardCheck:
             if key not in self.refused:
                 params = {s for b, _ in self.verdicts if b.key == key for s in (it.slot for it in b.items)}
                 report.count_path(f"{reference.path}, read {key[-1]}", len(params))
+
+
+def _scales_of(item: _Item) -> torch.Tensor:
+    assert item.reader.scales is not None
+    return item.blocks.take_scales(item.reader.scales, item.reader.scale_cols)
+
+
+def _cat(pieces: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
 
 class _Refused(Exception):
