@@ -22,6 +22,7 @@ def _mx001(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _pass(rule, "not an MXFP8 param-gather config", recipe.path, recipe.value)
     if ctx.fsdp().known and ctx.fsdp().value:
         return _pass(rule, "Megatron-FSDP gathers params itself", ctx.fsdp().path, True)
+    # Bridge asserts reuse for MXFP8 param gather; without it core keeps a second param buffer.
     settled = _settled(rule, reuse, "reuse_grad_buf_for_mxfp8_param_ag", "reuse is on")
     if settled:
         return settled
@@ -273,6 +274,7 @@ def _mx006(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _pass(rule, "overlap_param_gather stated false", ov.path, False)
     if fsdp.known and fsdp.value:
         return _pass(rule, "Megatron-FSDP", fsdp.path, True)
+    # Megatron-LM rejects the overlap without both; megatron-core alone builds no overlap at all.
     out = []
     dist, ogr = ctx.ddp("use_distributed_optimizer"), ctx.ddp("overlap_grad_reduce")
     if dist.known and not dist.value:
@@ -359,6 +361,7 @@ def _mx012(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _na(rule, f"fp8_recipe {ctx.why_unknown(recipe)}", recipe.path)
     if recipe.value != "mxfp8":
         return _pass(rule, "not an mxfp8 recipe", recipe.path, recipe.value)
+    # Legal, but bf16 params plus MXFP8 copies: the memory MXFP8 params were meant to save.
     settled = _settled(rule, fpg, "fp8_param_gather", "fp8_param_gather on")
     if settled:
         return settled

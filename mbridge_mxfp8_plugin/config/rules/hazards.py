@@ -140,6 +140,7 @@ def _mx016(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     # the optimizer's copy decides: its distributed optimizer drops non-delayed FP8 shards
     if not fp8.known:
         return _na(rule, f"{fp8.path} {ctx.why_unknown(fp8)}", fp8.path)
+    # Delayed-scaling FP8 params keep a shard view; other recipes lose theirs under offload.
     if recipe.known and recipe.value == "delayed":
         return _pass(rule, "delayed-scaling FP8 params keep a shard view", recipe.path, recipe.value)
     if _installed(ctx, "cpu_offload_drops_fp8_params") is False:

@@ -20,65 +20,31 @@ def _mx008(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     if not dist.known:
         return _na(rule, "use_distributed_optimizer comes from the base config", dist.path)
     if not dist.value:
+        # Only the distributed optimizer shards buffers, so only it pads them.
         return _pass(rule, "no distributed optimizer: megatron-core does not pad", dist.path, False)
-    out: list[Finding] = []
-    tp, cp = ctx.model_int("tensor_model_parallel_size", 1), ctx.model_int("context_parallel_size", 1)
-    ep = ctx.model_int("expert_model_parallel_size", 1)
-    etp_v = ctx.view.raw("model", "expert_tensor_parallel_size")
-    etp = etp_v.value if etp_v.known and isinstance(etp_v.value, int) else tp
     inst_v = ctx.ddp("num_distributed_optimizer_instances")
     inst = inst_v.value if inst_v.known and isinstance(inst_v.value, int) and inst_v.value > 0 else 1
     busbw_v = ctx.ddp("pad_buckets_for_high_nccl_busbw")
-    busbw = bool(busbw_v.value) if busbw_v.known else False
-    divisors = (128, 2**16) if busbw else (128,)
-    dense_group = dp * cp
-    notes = []
-
-    def one_instance(why: str) -> Finding:
-        fix = {"ddp": {"num_distributed_optimizer_instances": 1}}
-        return Finding(rule.id, "error", inst_v.path, inst, why, fix)
-
+    # With high-busbw padding, bucket ends also align to 2**16 elements (see _padding_waste).
+    divisors = (128, 2**16) if busbw_v.known and busbw_v.value else (128,)
+    cp = ctx.model_int("context_parallel_size", 1)
+    out: list[Finding] = []
+    notes: list[str] = []
+    dense_group = dp * cp  # the dense params' data-parallel group spans the CP ranks too
     if dense_group % inst:
-        out.append(
-            one_instance(
-                f"dp_size*cp={dense_group} is not divisible by num_distributed_optimizer_instances={inst}: "
-                "megatron-core cannot split the data-parallel group into equal optimizer instances"
-            )
+        # The instances split the data-parallel group into equal parts, or nothing builds.
+        why = (
+            f"dp_size*cp={dense_group} is not divisible by num_distributed_optimizer_instances={inst}: "
+            "megatron-core cannot split the data-parallel group into equal optimizer instances"
         )
+        out.append(_one_instance(rule, inst_v.path, inst, why))
     else:
         div = math.lcm(dense_group // inst, *divisors)
         notes.append(
             f"dense bucket ends padded to lcm({dense_group // inst},{','.join(map(str, divisors))})={div}"
         )
         out.extend(_padding_waste(ctx, rule, div, dp, busbw_v.path))
-    if ep > 1:
-        if (dp * cp * tp) % (ep * etp):
-            out.append(
-                Finding(
-                    rule.id,
-                    "error",
-                    "model.expert_model_parallel_size",
-                    ep,
-                    f"dp_size*cp*tp={dp * cp * tp} is not divisible by expert_model_parallel_size*"
-                    f"expert_tensor_parallel_size={ep * etp}: there is no integral expert data-parallel "
-                    "group (megatron-core's initialize_model_parallel fails), so expert buffers cannot "
-                    "be sharded",
-                    "# choose expert_model_parallel_size * expert_tensor_parallel_size dividing "
-                    f"{dp * cp * tp}",
-                )
-            )
-        else:
-            edp = dp * cp * tp // (ep * etp)
-            if edp % inst:
-                out.append(
-                    one_instance(
-                        f"expert data-parallel size {edp} is not divisible by "
-                        f"num_distributed_optimizer_instances={inst}"
-                    )
-                )
-            else:
-                ediv = math.lcm(edp // inst, *divisors)
-                notes.append(f"expert bucket ends padded to {ediv} (expert DP {edp})")
+    out.extend(_expert_padding(ctx, rule, dp, inst, inst_v.path, divisors, notes))
     if out:
         return _found(rule, out, "dp_size", dp)
     return _pass(
@@ -87,6 +53,45 @@ def _mx008(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         "dp_size",
         dp,
     )
+
+
+def _one_instance(rule: Rule, path: str, inst: int, why: str) -> Finding:
+    return Finding(rule.id, "error", path, inst, why, {"ddp": {"num_distributed_optimizer_instances": 1}})
+
+
+def _expert_padding(
+    ctx: EffectiveConfig,
+    rule: Rule,
+    dp: int,
+    inst: int,
+    inst_path: str,
+    divisors: tuple[int, ...],
+    notes: list[str],
+) -> list[Finding]:
+    """Expert buffers are sharded over the expert data-parallel group, which exists only when
+    expert parallelism times expert TP divides the ranks a dense layer spans (dp*cp*tp)."""
+    tp, cp = ctx.model_int("tensor_model_parallel_size", 1), ctx.model_int("context_parallel_size", 1)
+    ep = ctx.model_int("expert_model_parallel_size", 1)
+    if ep <= 1:
+        return []
+    etp_v = ctx.model("expert_tensor_parallel_size")
+    etp = etp_v.value if etp_v.known and isinstance(etp_v.value, int) else tp  # unset: follows TP
+    if (dp * cp * tp) % (ep * etp):
+        why = (
+            f"dp_size*cp*tp={dp * cp * tp} is not divisible by expert_model_parallel_size*"
+            f"expert_tensor_parallel_size={ep * etp}: there is no integral expert data-parallel "
+            "group (megatron-core's initialize_model_parallel fails), so expert buffers cannot be sharded"
+        )
+        fix = f"# choose expert_model_parallel_size * expert_tensor_parallel_size dividing {dp * cp * tp}"
+        return [Finding(rule.id, "error", "model.expert_model_parallel_size", ep, why, fix)]
+    edp = dp * cp * tp // (ep * etp)
+    if edp % inst:
+        why = (
+            f"expert data-parallel size {edp} is not divisible by num_distributed_optimizer_instances={inst}"
+        )
+        return [_one_instance(rule, inst_path, inst, why)]
+    notes.append(f"expert bucket ends padded to {math.lcm(edp // inst, *divisors)} (expert DP {edp})")
+    return []
 
 
 def _padding_waste(ctx: EffectiveConfig, rule: Rule, div: int, dp: int, busbw_path: str) -> list[Finding]:

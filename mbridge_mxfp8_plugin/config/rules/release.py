@@ -43,6 +43,7 @@ def _mx009(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     if ctx.installed is None or ctx.installed.core is None:
         return _na(rule, "no megatron-core here: which defects are present is unknown", enabled.path)
     defects = _relevant_defects(ctx)
+    # Turning the plugin off is fine where the installed pair has no defect this config meets.
     if enabled.value and ctx.view.plugin_stated:
         return _pass(rule, "plugin enabled", enabled.path, True)
     if defects is None:
@@ -74,6 +75,7 @@ def _mx010(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
         return _pass(rule, "plugin disabled (see MX009)", repair.path, repair.value)
     if repair.value:
         return _pass(rule, "repair on", repair.path, True)
+    # Without the repair the callback raises on defect A's wrong offsets instead of fixing them.
     if ctx.installed is None or ctx.installed.core is None or ctx.installed.core.pads_bucket_offsets is None:
         return _na(rule, "cannot tell whether the installed megatron-core has defect A", repair.path)
     defects = _relevant_defects(ctx)
