@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import json
 import os
-import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +171,7 @@ def summary(path: Path) -> dict[str, Any] | None:
         return None
     stamp = {"v": _FORMAT, "path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     cache = _cache_dir()
-    key = hashlib.sha1(str(path).encode()).hexdigest()[:24]
+    key = f"{path.stem}-{zlib.crc32(str(path).encode()):08x}"  # the stamp inside guards collisions
     if cache is not None:
         try:
             stored = json.loads((cache / f"{key}.json").read_text(), object_hook=_decode)
@@ -182,6 +181,8 @@ def summary(path: Path) -> dict[str, Any] | None:
             pass
     built = _build(path)
     if built is not None and cache is not None:
+        import tempfile  # only when writing: it pulls in random and shutil
+
         try:
             cache.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
