@@ -687,6 +687,7 @@ def evaluate_only(
 ) -> BridgeLoopRun:
     """pretrain.py with ``skip_train`` (0.3.1 L141/L175-201, 0.6.2 L148-197): no ``train()`` at all.
 
+    Deliberately :func:`train`'s signature (duplicates lists the pair): scenarios call either one.
     The forward pre-hooks stay enabled as ``DistributedDataParallel.__init__`` left them, nothing
     stages main params, and no callback ever sees the optimizer. ``record.eval_losses[0]`` is the
     validation loss, ``[-1]`` the test loss.

@@ -94,6 +94,7 @@ class Case:
         return self.rule
 
 
+# One literal Case per rule, alike in shape on purpose (duplicates lists neighbours): a table of data.
 CASES = [
     Case(
         "MX001",

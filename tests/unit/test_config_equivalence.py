@@ -59,6 +59,9 @@ def _bridge_omegaconf_utils() -> types.ModuleType:
     return module
 
 
+# Stand-ins for the ConfigContainer sections the rules read (Bridge's own classes need its imports).
+# Alike in shape to other tests' stand-ins (duplicates lists them), deliberately: each holds only the
+# fields and defaults its own test reads.
 @dataclasses.dataclass
 class _Model:
     seq_length: int = 4096

@@ -140,27 +140,28 @@ def test_discovery_unwraps_attribute_forwarding_wrappers():
             self.buffers = []  # instance list shadowing nn.Module.buffers, as megatron-core's DDP does
             self.bucket_groups = []
 
+    def forwarding_to(child: str):
+        """``__getattr__`` that looks a name up on ``child`` when the module itself lacks it."""
+
+        def __getattr__(self, name: str):
+            try:
+                return torch.nn.Module.__getattr__(self, name)
+            except AttributeError:
+                if name.startswith("_") or child not in self._modules:
+                    raise
+                return getattr(self._modules[child], name)
+
+        return __getattr__
+
     class Forwarding(torch.nn.Module):
+        __getattr__ = forwarding_to("module")
+
         def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
             self.module = inner
 
-        def __getattr__(self, name: str):
-            try:
-                return super().__getattr__(name)
-            except AttributeError:
-                if name.startswith("_") or "module" not in self._modules:
-                    raise
-                return getattr(self._modules["module"], name)
-
     class MegatronParallelLike(torch.nn.ModuleList):
-        def __getattr__(self, name: str):
-            try:
-                return super().__getattr__(name)
-            except AttributeError:
-                if name.startswith("_") or "0" not in self._modules:
-                    raise
-                return getattr(self._modules["0"], name)
+        __getattr__ = forwarding_to("0")
 
     ddps = [DDPLike(), DDPLike()]
     chunk_wrappers = [Forwarding(Forwarding(d)) for d in ddps]  # Float16Module-like around the DDP

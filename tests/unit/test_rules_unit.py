@@ -72,26 +72,21 @@ def test_each_violation_trips_only_its_rule(case: Case):
     assert fired == {case.rule: TRIPPED[case.severity], **ALSO_TRIPS.get(case.rule, {})}
 
 
-#: The hazards' probe answers of a release pair where each applies (core 0.16 + Bridge 0.3) and of
-#: a pair where none does (core 0.19 + Bridge 0.6 + a CPU-offload fix no release has yet).
-EXPOSED_PAIR = dataclasses.replace(
-    DEFECTIVE,
-    hazards=HazardBehaviour(
-        defers_chained_mxfp8_sync=False,
-        rejects_step_overlap_with_reuse=False,
-        cpu_offload_drops_fp8_params=True,
-        stages_for_full_iteration_graph=False,
-    ),
-)
-SAFE_PAIR = dataclasses.replace(
-    FIXED,
-    hazards=HazardBehaviour(
-        defers_chained_mxfp8_sync=True,
-        rejects_step_overlap_with_reuse=True,
-        cpu_offload_drops_fp8_params=False,
-        stages_for_full_iteration_graph=True,
-    ),
-)
+def _hazards(exposed: bool) -> HazardBehaviour:
+    """The hazards' probe answers where every hazard applies, or none does."""
+    return HazardBehaviour(
+        defers_chained_mxfp8_sync=not exposed,
+        rejects_step_overlap_with_reuse=not exposed,
+        cpu_offload_drops_fp8_params=exposed,
+        stages_for_full_iteration_graph=not exposed,
+    )
+
+
+#: A release pair where each hazard applies (core 0.16 + Bridge 0.3) and one where none does
+#: (core 0.19 + Bridge 0.6 + a CPU-offload fix no release has yet).
+EXPOSED_PAIR = dataclasses.replace(DEFECTIVE, hazards=_hazards(exposed=True))
+SAFE_PAIR = dataclasses.replace(FIXED, hazards=_hazards(exposed=False))
+
 #: rule -> (overrides that walk into the hazard, the same config kept safe)
 HAZARD_CASES = {
     "MX014": (
