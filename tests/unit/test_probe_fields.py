@@ -1,0 +1,141 @@
+"""probes/fields.py and probes/_summary.py on a small installed-looking ``megatron`` tree we write
+ourselves: which class a section is, which keys it has, what type each holds, and a summary cache
+that never answers for a file that changed."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from mbridge_mxfp8_plugin._yamltypes import EnumType, type_problem
+from mbridge_mxfp8_plugin.probes import _summary, fields
+
+CONFIG_PY = """
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Union
+
+from megatron.bridge.training.modes import Mode
+
+
+class Backend(enum.Enum):
+    flash = 1
+    fused = 2
+
+
+@dataclass
+class TrainingConfig:
+    train_iters: Optional[int] = None
+    skip_train: bool = False
+    backend: Backend = Backend.flash
+    mode: Mode = Mode.fast
+    recipe: Literal["a", "b"] = "a"
+    interval: int = None
+
+
+@dataclass
+class DatasetProvider(ABC):
+    seq_length: int = 0
+
+    @abstractmethod
+    def build(self): ...
+
+
+@dataclass
+class GPTDatasetConfig(DatasetProvider):
+    path: str = ""
+
+
+@dataclass
+class ConfigContainer:
+    train: TrainingConfig
+    dataset: GPTDatasetConfig | DatasetProvider
+    mixed_precision: Optional[Union[TrainingConfig, str]] = None
+"""
+
+MODES_PY = """
+import enum
+
+
+class Mode(str, enum.Enum):
+    fast = "fast"
+    safe = "safe"
+"""
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    training = tmp_path / "megatron" / "bridge" / "training"
+    training.mkdir(parents=True)
+    (tmp_path / "megatron" / "bridge" / "__init__.py").write_text("")
+    (training / "__init__.py").write_text("")
+    (training / "train.py").write_text("def train(): pass\n")
+    (training / "config.py").write_text(CONFIG_PY)
+    (training / "modes.py").write_text(MODES_PY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for cached in (fields.section_fields, fields.container_sections):
+        cached.cache_clear()
+    _summary.summary.cache_clear()
+    yield training
+    for cached in (fields.section_fields, fields.container_sections):
+        cached.cache_clear()
+    _summary.summary.cache_clear()
+
+
+def test_a_concrete_section_is_fixed_and_typed_from_its_annotations(tree):
+    train = fields.section_fields("train")
+    assert train.fixed and train.owner == "TrainingConfig"
+    assert train.fields is not None
+    assert (
+        type_problem("ten", train.fields["train_iters"])
+        and type_problem(None, train.fields["train_iters"]) is None
+    )
+    assert type_problem("yes", train.fields["skip_train"])
+    # ``int = None`` is Optional in practice (core declares fields so).
+    assert type_problem(None, train.fields["interval"]) is None
+    assert typing.get_args(train.fields["recipe"]) == ("a", "b")
+
+
+def test_enums_are_read_by_member_name_even_through_an_import(tree):
+    train = fields.section_fields("train")
+    assert train.fields is not None
+    backend, mode = train.fields["backend"], train.fields["mode"]
+    assert isinstance(backend, EnumType) and backend.members == ("flash", "fused")
+    assert isinstance(mode, EnumType) and mode.members == ("fast", "safe")  # defined in modes.py
+    assert type_problem("flash", backend) is None and type_problem("Backend.fused", backend) is None
+    problem = type_problem("flsh", backend)
+    assert problem is not None and "did you mean 'flash'" in problem
+
+
+def test_a_union_or_an_abstract_class_is_open(tree):
+    dataset = fields.section_fields("dataset")
+    assert not dataset.fixed and dataset.fields is not None
+    assert {"seq_length", "path"} <= set(dataset.fields)
+    assert dataset.owner == "GPTDatasetConfig | DatasetProvider"
+
+
+def test_the_summary_cache_is_rebuilt_when_the_file_changes(tree):
+    path = tree / "config.py"
+    first = _summary.summary(path)
+    assert first is not None and "TrainingConfig" in first["classes"]
+    assert list((tree.parents[2] / "cache" / "mbridge_mxfp8_plugin").glob("config-*.json"))
+    path.write_text(CONFIG_PY.replace("class TrainingConfig:", "class TrainingConfig2:"))
+    _summary.summary.cache_clear()
+    second = _summary.summary(path)
+    assert (
+        second is not None
+        and "TrainingConfig2" in second["classes"]
+        and "TrainingConfig" not in second["classes"]
+    )
+
+
+def test_an_unwritable_cache_costs_only_the_parse(tree, monkeypatch):
+    blocker = tree.parents[2] / "blocked"
+    blocker.write_text("a file where the cache directory would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    _summary.summary.cache_clear()
+    info = _summary.summary(tree / "config.py")
+    assert info is not None and "ConfigContainer" in info["classes"]
