@@ -39,7 +39,7 @@ class _Dequantize(torch.autograd.Function):
 
 
 def _plain_values(t: torch.Tensor) -> torch.Tensor:
-    return t.dequantize() if isinstance(t, TEShapedQuantizedTensor) else t.detach()
+    return t._dequantize(t.dtype) if isinstance(t, TEShapedQuantizedTensor) else t.detach()
 
 
 class TEShapedQuantizedTensor(torch.Tensor):

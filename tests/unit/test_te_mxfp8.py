@@ -81,13 +81,18 @@ def test_param_reports_bf16_and_is_a_trainable_leaf():
 def test_gemms_read_the_copy_blocked_along_their_contraction_dim():
     """Forward x @ W.T reads the row-wise copy, the grad-input GEMM dy @ W the column-wise one,
     through torch's linear and through megatron-core's linear autograd function."""
-    from megatron.core.tensor_parallel.layers import LinearWithGradAccumulationAndAsyncCommunication
+    import inspect
 
+    from megatron.core.tensor_parallel.layers import LinearWithGradAccumulationAndAsyncCommunication as Fn
+
+    # Its positional arguments vary by release; no fusion, no collectives, one GTP shard.
+    given = {"bias": None, "wgrad_deferral_limit": 0, "gtp_remat_size": 1}
+    names = list(inspect.signature(Fn.forward).parameters)[3:]  # after ctx, input, weight
+    flags = ("gradient_accumulation_fusion", "allreduce_dgrad", "sequence_parallel")
+    rest = [given[n] if n in given else (False if n in flags else None) for n in names]
     for linear in (
         lambda x, w: torch.nn.functional.linear(x, w),
-        lambda x, w: LinearWithGradAccumulationAndAsyncCommunication.apply(
-            x, w, None, False, False, False, None, 0, None
-        ),
+        lambda x, w: Fn.apply(x, w, *rest),
     ):
         p = make_te_mxfp8_param(_crafted())
         x = torch.zeros(1, 32, dtype=torch.bfloat16)
