@@ -8,7 +8,6 @@ installed Bridge converts) is passed in by the caller that knows it.
 
 from __future__ import annotations
 
-import difflib
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -69,6 +68,8 @@ DtypeCheck = Callable[[Any], "str | None"]
 
 def closest(word: str, choices: Iterable[object]) -> str | None:
     """The closest valid name, for typos (``dpp`` -> ``ddp``)."""
+    import difflib  # only when there is a typo to explain
+
     close = difflib.get_close_matches(word, sorted(str(c) for c in choices), n=1, cutoff=0.6)
     return close[0] if close else None
 
