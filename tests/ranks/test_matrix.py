@@ -244,7 +244,7 @@ def test_loop_api_is_passive_with_a_loop_that_stages() -> None:
     (Bridge 0.6 / Megatron-LM core_v0.19 helpers): every ``mxfp8_param_sync`` call, evals between
     saves, the final save, the closing sync and a test eval, issues no collective, stages nothing
     and writes no byte (measured outside the plugin: harness.bridge_real.costs)."""
-    from harness.api_staging_loop import run_api_with_staging_loop
+    from harness.bridge_loop import run_api_with_staging_loop
 
     from mbridge_mxfp8_plugin.probes import probe_core
 
