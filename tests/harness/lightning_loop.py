@@ -352,11 +352,7 @@ def _build_classes() -> dict[str, Any]:
                 (int(self.trainer.global_step), bool(self.trainer.sanity_checking), loss)
             )
 
-        def test_step(self, batch: Any, batch_idx: int) -> None:
-            if self.order.nemo_events:
-                self._fire_nemo("on_megatron_microbatches_start", _Step(forward_only=True))
-            x, y = batch
-            self._val.append(self.megatron_parallel[0](x, y).detach())
+        test_step = validation_step  # the same forward; the epoch-end hooks keep the two apart
 
         def on_test_epoch_end(self) -> None:
             self.record.test_loss = dp_mean(torch.stack(self._val).mean())
