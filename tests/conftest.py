@@ -57,3 +57,15 @@ def bridge_runs():
     return {
         mode: run_bridge_scenario(mode, schedule, run_test=True) for mode in ("reference", "mxfp8", "plugin")
     }
+
+
+@pytest.fixture
+def plugin_logger_restored():
+    """The launcher's ``main`` gives the plugin's logger a stderr handler when nothing is configured
+    (as a fresh launcher process has it); put the logger back for the rest of the session."""
+    import logging
+
+    log = logging.getLogger("mbridge_mxfp8_plugin")
+    saved = (list(log.handlers), log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]

@@ -43,16 +43,8 @@ needs_bridge = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(autouse=True)
-def _plugin_logger_restored():
-    """``main`` gives the plugin's logger a stderr handler when nothing is configured (as a fresh
-    launcher process has it); put the logger back for the rest of the session."""
-    import logging
-
-    log = logging.getLogger("mbridge_mxfp8_plugin")
-    saved = (list(log.handlers), log.level, log.propagate)
-    yield
-    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+# ``main`` gives the plugin's logger a stderr handler (tests/conftest.py puts it back after each test).
+pytestmark = pytest.mark.usefixtures("plugin_logger_restored")
 
 
 # --------------------------------------------------------------------------- --dry-run
