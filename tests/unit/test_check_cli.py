@@ -83,6 +83,7 @@ def test_json_output(tmp_path):
     assert code == 2 and "a list" in json.loads(out)["unreadable"]
 
 
+# One bad input per row, alike in shape on purpose (duplicates lists neighbouring rows): a table.
 MALFORMED = {
     "empty": ("", 2, "the recipe is empty"),
     "list": ("- ddp\n- optimizer\n", 2, "the recipe is a list"),
