@@ -94,8 +94,8 @@ class OCPMXFP8Tensor(OCPQuantizedTensor):
         with torch._C.DisableTorchFunctionSubclass():
             return torch.Tensor.clone(self)
 
-    def get_high_precision_init_val(self) -> torch.Tensor:
-        return self.__dict__["_hp_init"]
+    def get_high_precision_init_val(self) -> torch.Tensor | None:
+        return self.__dict__.get("_hp_init")  # None once cleared, as TE's (core main asks again)
 
     def clear_high_precision_init_val(self) -> None:
         self.__dict__.pop("_hp_init", None)
