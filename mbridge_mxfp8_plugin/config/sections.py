@@ -58,7 +58,7 @@ def read_section(view: ConfigView, name: str, data: Any, knobs: Mapping[str, Any
     if "_target_" in data:
         view.targets[name] = str(data["_target_"])
     found = _schema(view, name, data)
-    if found.fields is None and data:
+    if found.fields is None and data and not found.free:
         view.skipped.append(f"{name}.* keys not checked: {found.why}")
         view.unchecked_sections.append(name)
     schema = found.fields

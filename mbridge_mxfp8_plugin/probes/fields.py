@@ -278,6 +278,8 @@ class SectionFields(NamedTuple):
     #: builds may have it, and it is only a warning.
     fixed: bool = False
     why: str = ""
+    #: a plain mapping (``env_vars: dict[str, ...]``): any key is accepted
+    free: bool = False
 
 
 def _classes_in(annotation: str) -> list[str]:
@@ -325,6 +327,8 @@ def section_fields(section: str, target: str | None = None) -> SectionFields:
     annotation = (container_sections() or {}).get(section)
     if annotation is None:
         return SectionFields(section, None, False, "not a ConfigContainer field")
+    if annotation.split("[")[0].rsplit(".", 1)[-1] in _MAPPINGS:
+        return SectionFields(section, None, False, "a plain mapping", free=True)
     names = _classes_in(annotation)
     out: dict[str, Field] = {}
     open_class = False
