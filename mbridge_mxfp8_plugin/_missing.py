@@ -33,6 +33,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "nvidia_resiliency_ext": ("nvidia-resiliency-ext", "pip install nvidia-resiliency-ext"),
     "modelopt": ("nvidia-modelopt", "pip install nvidia-modelopt"),
     "transformers": ("Hugging Face transformers", "pip install transformers"),
+    "diffusers": ("Hugging Face diffusers", "pip install diffusers"),
 }
 
 

@@ -282,7 +282,7 @@ def forward_step_function(name: str) -> Callable[..., Any]:
 
 def _entry(mode: str) -> Callable[..., Any]:
     """Bridge's ``pretrain`` or ``finetune``: importing it is importing Bridge's training stack."""
-    module = _import(f"megatron.bridge.training.{mode}", "Megatron-Bridge")
+    module = _import(f"megatron.bridge.training.{mode}", f"megatron.bridge.training.{mode}")
     return getattr(module, mode)  # type: ignore[no-any-return]
 
 
