@@ -2,8 +2,9 @@
 
 A recipe is exactly what Bridge's ``process_config_with_overrides(cfg, config_filepath=...)``
 merges onto a ``ConfigContainer`` (nested sections named like its fields), with one extra
-top-level section for this plugin. That section is split off here, so Bridge never sees a key it
-does not know (it would only log a warning and drop it - the same silence that hides typos).
+top-level section for this plugin. That section is split off before anything reaches Bridge,
+so Bridge never sees a key it does not know (it would only log a warning and drop it - the same
+silence that hides typos).
 
 Files and ``key=value`` overrides are read by :mod:`.config.read`, the plugin's one reader, with
 Bridge's own readers (OmegaConf, Hydra's override grammar, and Bridge's ``omegaconf_utils`` when
