@@ -131,20 +131,10 @@ def run_check(
     except RecipeError as exc:
         _emit_unreadable(str(exc), as_json, out, err)
         return EXIT_UNREADABLE
-    base = None
-    if recipe_name is not None:
-        from .probes.recipe_source import find_recipe
-
-        base = find_recipe(recipe_name)
-        if base is None:
-            _emit_unreadable(
-                f"--recipe {recipe_name}: no recipe function of that name in the installed "
-                "Megatron-Bridge (megatron/bridge/recipes); give its name or dotted path",
-                as_json,
-                out,
-                err,
-            )
-            return EXIT_UNREADABLE
+    base = _base_recipe(recipe_name)
+    if isinstance(base, str):
+        _emit_unreadable(base, as_json, out, err)
+        return EXIT_UNREADABLE
     from .config.validate import validate_config
 
     try:
@@ -162,9 +152,11 @@ def run_check(
     if as_json:
         payload = report.as_dict()
         payload["recipe"] = recipe
+        payload["base_recipe"] = None if base is None else {"name": base.name, "provider": base.provider}
         out.write(json.dumps(payload, indent=2) + "\n")
     else:
-        out.write(f"mxfp8-plugin check {recipe}" + (f" {' '.join(overrides)}" if overrides else "") + "\n\n")
+        shown = [recipe, *(overrides or []), *(["--recipe", recipe_name] if recipe_name else [])]
+        out.write(f"mxfp8-plugin check {' '.join(shown)}\n\n")
         out.write(report.format_table() + "\n")
     failed = [f.line() for f in report.errors + (report.warnings if fail_on_warning else [])]
     if fail_on_unchecked:
@@ -172,6 +164,21 @@ def run_check(
     if failed and not as_json:
         err.write(f"{recipe}: {len(failed)} problem(s); first: {failed[0]}\n")
     return EXIT_ERRORS if failed else EXIT_OK
+
+
+def _base_recipe(name: str | None) -> Any:
+    """The ``--recipe`` function as its source tells it, None without one, or why it is not found."""
+    if name is None:
+        return None
+    from .probes.recipe_source import find_recipe
+
+    found = find_recipe(name)
+    if found is None:
+        return (
+            f"--recipe {name}: no recipe function of that name in the installed Megatron-Bridge "
+            "(megatron/bridge/recipes); give its name or dotted path"
+        )
+    return found
 
 
 def _is_override(text: str) -> bool:
