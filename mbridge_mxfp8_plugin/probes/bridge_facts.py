@@ -23,7 +23,6 @@ from .versions import installed_version
 
 __all__ = [
     "CONFIG_SECTIONS",
-    "DTYPE_ALIASES",
     "HYDRA_KEYS",
     "MIXED_PRECISION_FIELDS",
     "MIXED_PRECISION_RECIPES",
@@ -32,7 +31,6 @@ __all__ = [
     "RENAMED_SECTIONS",
     "BridgeFacts",
     "bridge_facts",
-    "dtype_attr",
     "dtype_name_problem",
     "normalize_recipe_name",
 ]
@@ -209,18 +207,6 @@ TORCH_DTYPE_NAMES = frozenset(
         "uint32", "uint64", "float8_e8m0fnu",
     }
 )  # fmt: skip
-
-#: Bridge >= 0.4's short dtype names (``str_to_dtype``) -> torch attribute names.
-DTYPE_ALIASES = {
-    "fp32": "float32", "32": "float32", "32-true": "float32", "fp16": "float16", "16": "float16",
-    "16-mixed": "float16", "bf16": "bfloat16", "bf16-mixed": "bfloat16", "fp8": "float8_e4m3fn",
-}  # fmt: skip
-
-
-def dtype_attr(name: str) -> str:
-    """The ``torch`` attribute a dtype name means to Bridge (``bf16`` -> ``bfloat16``)."""
-    return DTYPE_ALIASES.get(name.removeprefix("torch."), name.split(".")[-1])
-
 
 class BridgeFacts(NamedTuple):
     """What the installed Megatron-Bridge converts, read from its files."""
