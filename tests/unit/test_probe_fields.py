@@ -139,3 +139,62 @@ def test_an_unwritable_cache_costs_only_the_parse(tree, monkeypatch):
     _summary.summary.cache_clear()
     info = _summary.summary(tree / "config.py")
     assert info is not None and "ConfigContainer" in info["classes"]
+
+
+RECIPE_PY = """
+from megatron.bridge.models.fam import FamProvider
+from megatron.bridge.training.config import ConfigContainer
+
+
+def fam_pretrain_config():
+    cfg = ConfigContainer()
+    model_cfg = FamProvider(hidden_size=64)
+    cfg.model = model_cfg
+    cfg.model.num_moe_experts = 8
+    cfg.model.seq_length = 4096
+    return cfg
+
+
+def fam_hf_pretrain_config():
+    cfg = ConfigContainer()
+    cfg.model = AutoBridge.from_hf_pretrained("org/fam").to_megatron_provider(load_weights=False)
+    return cfg
+"""
+
+FAM_PY = """
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class FamProvider:
+    hidden_size: int = 0
+    num_moe_experts: Optional[int] = None
+"""
+
+
+def test_a_recipe_source_names_its_provider_and_the_model_knobs_it_sets(tree):
+    from mbridge_mxfp8_plugin.probes import recipe_source
+
+    recipes = tree.parent / "recipes" / "fam"
+    recipes.mkdir(parents=True)
+    (tree.parent / "recipes" / "__init__.py").write_text("")
+    (recipes / "__init__.py").write_text("")
+    (recipes / "fam.py").write_text(RECIPE_PY)
+    (tree.parent / "models").mkdir()
+    (tree.parent / "models" / "__init__.py").write_text("")
+    (tree.parent / "models" / "fam.py").write_text(FAM_PY)
+    recipe_source.find_recipe.cache_clear()
+    found = recipe_source.find_recipe("fam_pretrain_config")
+    assert found is not None and found.provider == "megatron.bridge.models.fam.FamProvider"
+    assert found.model == {"num_moe_experts": 8, "seq_length": 4096}
+    provider = fields.target_fields(found.provider)
+    assert (
+        provider.fixed
+        and provider.fields is not None
+        and set(provider.fields) == {"hidden_size", "num_moe_experts"}
+    )
+    hf = recipe_source.find_recipe("megatron.bridge.recipes.fam.fam.fam_hf_pretrain_config")
+    assert hf is not None and hf.provider is None and "AutoBridge" in hf.provider_why
+    assert recipe_source.find_recipe("no_such_config") is None
+    recipe_source.find_recipe.cache_clear()
