@@ -616,14 +616,15 @@ def verify_plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("ms")
     ax.set_yscale("log")
     ax.set_title(f"verify_weights on the TE-shaped MXFP8 type, DP={rows[0]['dp'] if rows else '?'}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")
     for i, key in enumerate(("sampled_onepass_peak_extra_bytes", "full_onepass_peak_extra_bytes")):
         mem.bar(
             [x + (i - 0.5) * 0.3 for x in range(len(rows))], [r[key] / 2**20 for r in rows], 0.3, label=key
         )
     mem.axhline(VERIFY_TARGETS["sampled_peak_bytes"] / 2**20, color="k", ls="--", label="64 MiB")
     mem.set_xticks(range(len(rows)), labels)
-    mem.set_ylabel("extra peak memory (MiB, torch.cuda.max_memory_allocated)")
+    mem.set_ylabel("extra peak memory, MiB")
+    mem.set_title("torch.cuda.max_memory_allocated - allocated before")
     mem.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -635,19 +636,19 @@ def run_verify(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
-    raws: dict[str, Any] = {}
     for spec in args.core or ["installed="]:
         version, path = spec.split("=", 1)
-        json_path = out / f"verify_te_{version.replace('.', '')}.json"
+        json_path = out / f"verify_te_core{version.replace('.', '')}.json"
         env = dict(os.environ, PYTHONPATH=f"{path}:{REPO}:{os.environ.get('PYTHONPATH', '')}")
         env.update(NO_VCS_VERSION="1", MXFP8_PARAM_KIND="te")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), __file__,
                "verify-worker", "--sizes", args.sizes, "--json", str(json_path)]  # fmt: skip
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, env=env, check=True)
-        raws[version] = json.loads(json_path.read_text())
-        rows.extend(verify_rows(raws[version], raws[version]["core"]))
+    # Every core's raw result in the folder, also from earlier invocations (one per core keeps
+    # each run inside a time limit), makes one table.
+    raws = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("verify_te_core*.json"))}
+    rows = [row for raw in raws.values() for row in verify_rows(raw, raw["core"])]
     checks = [
         (f"{r['size']} core {r['core']}: {name}", bool(r[key]))
         for r in rows
