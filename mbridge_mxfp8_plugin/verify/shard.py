@@ -23,11 +23,12 @@ from .report import ParamMismatch, WeightReport
 __all__ = ["Owned", "ShardCheck", "first_sampled", "stride_of"]
 
 #: Extra bytes per compared element at a batch's peak, which sizes a batch from the memory
-#: budget: the param's decoded blocks and the rounded main blocks (2 + 2, after transients of
-#: 8), the reference instance's codes (1), its dequantized values (2), and the quantizer's own
-#: temporaries: about 12 for the kit's emulated TE-rule cast (fp32 copies), none for TE's fused
-#: kernel. Counted on the kit's cast, the heaviest known, with a margin.
-BYTES_PER_ELEMENT = 24
+#: budget. Counted on the kit's TE-shaped type: the decoded blocks and the rounded main blocks
+#: (2 + 2, after transients of 5 and 6), the reference instance's codes (1), and the larger of
+#: its cast's temporaries (about 13 for the emulated TE-rule cast) and its dequantize's (about
+#: 14: fp32 values and scales); about 19 in all. TE's fused kernels need less. The margin keeps
+#: a 4B model's sampled check under 64 MiB even where 1% of its param bytes is more.
+BYTES_PER_ELEMENT = 32
 
 
 @dataclass
