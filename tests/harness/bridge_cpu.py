@@ -47,7 +47,7 @@ from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
 
 from .te_stub import BRIDGE_STUBS, importer_scoped_stubs
 
-__all__ = ["NO_CPU_FUSIONS", "bridge_on_cpu", "cpu_cuda_rng", "torch_adam_checkpoints"]
+__all__ = ["NO_CPU_FUSIONS", "bridge_on_cpu", "cpu_cuda_rng", "reuse_mode_knobs", "torch_adam_checkpoints"]
 
 #: Model-config knobs both real frameworks' CPU runs turn off: each names a fused CUDA/TE kernel
 #: (or, persist_layer_norm, Apex's) that has no CPU implementation.
@@ -60,6 +60,19 @@ NO_CPU_FUSIONS: dict[str, bool] = dict(
     apply_rope_fusion=False,
     persist_layer_norm=False,
 )
+
+
+def reuse_mode_knobs(mx: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(DDP, optimizer) knobs of the mode the plugin serves, as both real frameworks' runs set them:
+    distributed optimizer, overlapped grad reduce and param gather, Adam on bf16 params; with ``mx``
+    MXFP8 params gathered through the grad buffer (``reuse_grad_buf_for_mxfp8_param_ag``), without
+    it the same job in bf16 (the reference)."""
+    both: dict[str, Any] = {"use_distributed_optimizer": True, "overlap_param_gather": True}
+    both["reuse_grad_buf_for_mxfp8_param_ag"] = mx
+    ddp = {**both, "overlap_grad_reduce": True, "grad_reduce_in_fp32": True, "fp8_param_gather": mx}
+    optimizer = {**both, "optimizer": "adam", "weight_decay": 0.0, "bf16": True}
+    optimizer.update(params_dtype=torch.bfloat16, fp8_recipe="mxfp8" if mx else None)
+    return ddp, optimizer
 
 
 def _noop(*args: Any, **kwargs: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from harness.bridge_cpu import NO_CPU_FUSIONS
+from harness.bridge_cpu import NO_CPU_FUSIONS, reuse_mode_knobs
 
 HIDDEN, FFN, HEADS, LAYERS, SEQ, VOCAB = 96, 160, 4, 2, 32, 128
 
@@ -98,33 +98,12 @@ def build_config(spec: JobSpec, world_size: int) -> Any:
         )
     )
     mx = spec.mxfp8
+    ddp_knobs, opt_knobs = reuse_mode_knobs(mx)
     ddp = bc.DistributedDataParallelConfig(
-        **_kw(
-            bc.DistributedDataParallelConfig,
-            use_distributed_optimizer=True,
-            overlap_grad_reduce=True,
-            overlap_param_gather=True,
-            grad_reduce_in_fp32=True,
-            fp8_param_gather=mx,
-            reuse_grad_buf_for_mxfp8_param_ag=mx,
-            check_for_nan_in_grad=False,
-        )
+        **_kw(bc.DistributedDataParallelConfig, **ddp_knobs, check_for_nan_in_grad=False)
     )
     opt = bc.OptimizerConfig(
-        **_kw(
-            bc.OptimizerConfig,
-            optimizer="adam",
-            lr=spec.lr,
-            min_lr=spec.lr,
-            weight_decay=0.0,
-            bf16=True,
-            params_dtype=torch.bfloat16,
-            use_distributed_optimizer=True,
-            overlap_param_gather=True,
-            fp8_recipe="mxfp8" if mx else None,
-            reuse_grad_buf_for_mxfp8_param_ag=mx,
-            clip_grad=spec.clip_grad,
-        )
+        **_kw(bc.OptimizerConfig, **opt_knobs, lr=spec.lr, min_lr=spec.lr, clip_grad=spec.clip_grad)
     )
     eval_knobs = dict(eval_interval=spec.eval_interval, eval_iters=spec.eval_iters)
     has_validation = "validation" in {f.name for f in dataclasses.fields(bc.ConfigContainer)}
