@@ -30,7 +30,12 @@ def parse(text: str) -> Any:
     try:
         (override,) = _parser().parse_overrides(overrides=[text])
     except Exception as exc:  # noqa: BLE001 - Hydra raises several types; all mean "bad syntax"
-        raise RecipeError(f"override {text!r}: {first_line(exc)}") from None
+        detail = first_line(exc)
+        if detail.startswith("LexerNoViableAltException"):  # Hydra's lexer names only the input
+            detail = "not an override in Hydra's grammar (dotted.key=value, +key=value, ~key)"
+        raise RecipeError(f"override {text!r}: {detail}") from None
+    if not override.key_or_group:  # Hydra takes "=1" as the empty key: it would land as a section ""
+        raise RecipeError(f"override {text!r}: no key; expected dotted.key=value, +key=value or ~key")
     return override
 
 
@@ -65,6 +70,8 @@ def apply_loose(cfg: Any, overrides: Sequence[str], deletions: list[str] | None)
     """Hydra's parser and apply step, one override at a time (to name the bad one), on files
     alone: no struct mode, since only the base recipe knows which keys exist. A ``~key`` the
     files lack is recorded in ``deletions`` (it deletes from the base), or, with None, ignored."""
+    if not overrides:
+        return  # importing hydra costs ~0.3 s, most of check's budget
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from omegaconf import OmegaConf
 
@@ -103,7 +110,7 @@ def apply_struct(cfg: Any, overrides: Sequence[str], bridge_parse: Callable[[Any
     """Bridge's ``parse_hydra_overrides`` (struct mode: a key the recipe lacks needs ``+``), one
     override per call so an error names its override."""
     for text in overrides:
-        _not_a_section(cfg, text, text.split("=", 1)[0].lstrip("+~"))
+        _not_a_section(cfg, text, parse(text).key_or_group)  # our one-line syntax errors first
         try:
             cfg = bridge_parse(cfg, [text])
         except Exception as exc:  # noqa: BLE001 - OverridesError wrapping Hydra's and OmegaConf's

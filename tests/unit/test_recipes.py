@@ -77,6 +77,9 @@ def test_overrides_follow_hydra_syntax():
         ("ddp.bucket_size", "Error parsing override"),
         ("mixed_precision.fp8=e4m3", "mixed_precision is 'bf16_with_mxfp8_mixed', not a section"),
         ("ddp.x=[1,", "no viable alternative at input '[1,'"),
+        ("=1", "override '=1': no key; expected dotted.key=value"),  # Hydra: the empty key
+        ("~", "override '~': no key"),
+        ("ddp..x=1", "not an override in Hydra's grammar"),
         (
             "+ddp.overlap_param_gather=false",
             "Could not append to config. An item is already at 'ddp.overlap_param_gather'",
