@@ -19,6 +19,7 @@ from .config.validate import ValidationReport, validate_config
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .plan import distributed_optimizers, reuse_mode_active
+from .probes.owners import SyncOwner, sync_owner
 from .resume import ResumeRefresh
 from .sync import ParamSyncEngine, SyncStats
 
@@ -90,6 +91,8 @@ class EngineHolder:
         self._verify_optimizer: Any = None
         self.last_report: WeightReport | None = None
         self.inactive_reason = None
+        #: Megatron-FSDP / the LayerWise optimizer owns the param sync: passive, verifier included
+        self._owner: SyncOwner | None = None
         self._model_key: tuple[int, ...] | None = None
         self.last_stats = None
         self.history = deque(maxlen=HISTORY_LENGTH)
@@ -118,9 +121,15 @@ class EngineHolder:
         if key == self._model_key:
             if self.engine is not None:
                 self.engine.bind_optimizer(optimizer)
+                if self.engine.owner is not None:  # the optimizer seen now owns the sync (LayerWise)
+                    self._yield_to(self.engine.owner)
             return self.engine
         self._model_key = key
-        self.engine, self.inactive_reason = None, reason or inactive_reason(chunks)
+        self.engine, self._owner = None, None if reason else sync_owner(chunks, optimizer)
+        if self._owner is not None:
+            self._yield_to(self._owner)
+            return None
+        self.inactive_reason = reason or inactive_reason(chunks)
         if self.inactive_reason:
             log_rank_zero(
                 logging.INFO, "MXFP8 param-sync plugin inactive: %s; nothing to do.", self.inactive_reason
@@ -139,6 +148,12 @@ class EngineHolder:
             engine.behaviour.has_dispatch_reset,
         )
         return engine
+
+    def _yield_to(self, owner: SyncOwner) -> None:
+        """Someone else owns the param sync: no engine, and one line a default Bridge job shows."""
+        self.engine, self._owner = None, owner
+        self.inactive_reason = f"{owner.owner} owns the param sync ({owner.found})"
+        log_rank_zero(logging.WARNING, "%s", owner.message())
 
     def _check_job(self, engine: ParamSyncEngine, container: Any = None) -> None:
         """Refuse at train start what would otherwise fail (or train wrong) at the first eval."""
@@ -202,8 +217,8 @@ class EngineHolder:
         logged at ERROR on rank zero; every rank of a data-parallel group learns of a peer's
         mismatch through the check's all-reduce, so they raise together.
         """
-        if not (self.options.verify_weights or force):
-            return None
+        if not (self.options.verify_weights or force) or self._owner is not None:
+            return None  # (an owner's weights follow its own gather, not the DistributedOptimizer's)
         self._remember(model_chunks, optimizer)
         if not when:
             return None

@@ -137,7 +137,8 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
 
     # ------------------------------------------------------------------ discovery
     def _chunks(self, trainer: Any, pl_module: Any) -> tuple[list[Any], str | None]:
-        """The megatron-core DDP chunks, or ([], why the plugin does not apply)."""
+        """The megatron-core DDP chunks (Megatron-FSDP wrappers, which ``_bind`` leaves to FSDP
+        with one log line), or ([], why the plugin does not apply)."""
         if self.model_getter is not None:
             got = self.model_getter(trainer, pl_module)
             roots: list[Any] = [got]
@@ -147,7 +148,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         if chunks:
             return chunks, None
         if fsdp:
-            return [], "the model uses Megatron-FSDP, which does not have these defects"
+            return fsdp, None
         where = "model_getter's result" if self.model_getter else "trainer.strategy.model and pl_module"
         seen = ", ".join(_describe(r) for r in roots if r is not None) or "nothing"
         raise MXFP8UsageError(

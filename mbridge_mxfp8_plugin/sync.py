@@ -1,31 +1,30 @@
 """The engine: make the model's weights right around forced param syncs (defects B and C).
 
-Framework-neutral: it knows megatron-core DDP model chunks, bucket groups and distributed
-optimizers, nothing about Bridge, Lightning or Megatron-LM's ``training.py``; every read or write
-of megatron-core's param-sync state lives here (the copies themselves are planned in
-:mod:`.plan`, the offsets repaired in :mod:`.buckets`). A loop tells the engine what is about to
-happen, one method per event. Where the loop stages before every forced sync itself and core
-does the rest (:attr:`ParamSyncEngine.passive`), every event method returns at once: no
-collective, no staging, no write; only an optimizer-less eval still marks the groups synced.
+It acts on megatron-core objects only (DDP model chunks, bucket groups, distributed optimizers);
+every read or write of megatron-core's param-sync state lives here (copies planned in
+:mod:`.plan`, offsets repaired in :mod:`.buckets`). It imports no training framework and calls
+none: a loop tells it what is about to happen, one method per event. It does ask
+:func:`~mbridge_mxfp8_plugin.probes.probe_live_loop` whether an already imported Bridge or
+Megatron-LM loop stages before every forced sync, because that decides whether it has work at
+all. Where the loop stages before every forced sync and core does the rest
+(:attr:`ParamSyncEngine.passive`), every event returns at once (no collective, staging or write;
+an optimizer-less eval still marks the groups synced); where Megatron-FSDP or the LayerWise
+optimizer owns the param sync (:attr:`ParamSyncEngine.owner`), the engine never acts.
 
 * :meth:`ParamSyncEngine.prepare` once per job (probe, repair offsets, plan the copies);
-* :meth:`ParamSyncEngine.step_started` when a training step begins;
-* :meth:`ParamSyncEngine.stage_for_step` before a step's forwards, for loops that never stage
-  the main params themselves (NeMo 2);
-* :meth:`ParamSyncEngine.before_forced_sync` when the loop is about to force a param sync
-  (eval, checkpoint save) and no hook will run between that sync and the reader;
-* :meth:`ParamSyncEngine.refresh_for_save` before a save that may or may not force a sync first;
-* :meth:`ParamSyncEngine.before_eval` / :meth:`ParamSyncEngine.after_forced_sync` around eval
-  and test, and after a save;
-* :meth:`ParamSyncEngine.training_ended` after the loop's closing forced sync;
+  :meth:`ParamSyncEngine.step_started` when a training step begins;
+* :meth:`ParamSyncEngine.stage_for_step` before a step's forwards, for loops that never stage (NeMo 2);
+* :meth:`ParamSyncEngine.before_forced_sync` right before the loop forces a param sync with no hook
+  between it and the reader; :meth:`ParamSyncEngine.refresh_for_save` before a save that may not;
+* :meth:`ParamSyncEngine.before_eval` / :meth:`ParamSyncEngine.after_forced_sync` around eval, test, save;
+  :meth:`ParamSyncEngine.training_ended` after the loop's closing forced sync;
 * :meth:`ParamSyncEngine.refresh_weights` when something outside training reads the weights;
-* :meth:`ParamSyncEngine.forced_sync_unobserved` after a forced sync no event announced.
+  :meth:`ParamSyncEngine.forced_sync_unobserved` after a forced sync no event announced.
 
-Background (reuse mode, ``reuse_grad_buf_for_mxfp8_param_ag=True``): an MXFP8 bucket's bf16
-``param_data`` is a view of its grad buffer. Between the optimizer step and the next forward the
-buffer holds reduced gradients; the main params reach it only when someone stages them. A forced
-all-gather therefore gathers whatever was staged last, and on megatron-core < 0.18 nobody copies
-the result into the params at all.
+Background (reuse mode): an MXFP8 bucket's bf16 ``param_data`` is a view of its grad buffer,
+which holds reduced gradients between the optimizer step and the next forward until someone
+stages the main params. A forced all-gather gathers whatever was staged last, and on
+megatron-core < 0.18 nobody copies the result into the params at all.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from .buckets import AlignmentReport, check_bucket_alignment, is_megatron_ddp
 from .errors import MXFP8UsageError
 from .plan import StagePlans, WriteBackPlan, bucket_groups, distributed_optimizers, reuse_mode_active
 from .probes import CoreBehaviour, probe_core, probe_live_loop
+from .probes.owners import SyncOwner, optimizer_sync_owner, sync_owner
 
 __all__ = ["ParamSyncEngine", "SyncStats"]
 
@@ -77,9 +77,11 @@ class ParamSyncEngine:
                 "with the distributed optimizer"
             )
         self.model_chunks = list(model_chunks)
-        self.optimizer = optimizer
+        #: Megatron-FSDP or the LayerWise optimizer owns the param sync: the engine never acts.
+        self.owner: SyncOwner | None = sync_owner(self.model_chunks, optimizer)
+        self.optimizer = None if self.owner else optimizer
         self.behaviour = behaviour or probe_core()
-        self.active = reuse_mode_active(self.model_chunks)
+        self.active = reuse_mode_active(self.model_chunks) and self.owner is None
         self.overlap = any(c.ddp_config.overlap_param_gather for c in self.model_chunks)
         self._write_plan: WriteBackPlan | None = None
         self._stage_plans = StagePlans()
@@ -117,7 +119,11 @@ class ParamSyncEngine:
         Adapters pass whatever their event carries: Bridge's eval contexts and Lightning's
         validation hooks have no optimizer, and the engine must keep the one seen in training.
         """
-        if optimizer is None or optimizer is self.optimizer:
+        if optimizer is None or optimizer is self.optimizer or self.owner is not None:
+            return
+        self.owner = optimizer_sync_owner(optimizer)
+        if self.owner is not None:  # e.g. LayerWise (Muon): its buckets are not ours to stage
+            self.active, self.optimizer = False, None
             return
         self.optimizer = optimizer
         self._stage_plans.clear()
@@ -147,9 +153,7 @@ class ParamSyncEngine:
     def forward_pre_hooks_enabled(self) -> bool:
         """The chunks' param-gather pre-hooks are registered: the test megatron-core's own loops use
         before staging (``remove_forward_pre_hook_handles``, Megatron-LM core_v0.16.1 training.py L1643)."""
-        return all(
-            len(getattr(c, "remove_forward_pre_hook_handles", None) or {}) > 0 for c in self.model_chunks
-        )
+        return all(len(getattr(c, "remove_forward_pre_hook_handles", None) or {}) for c in self.model_chunks)
 
     def loop_stages_itself(self) -> bool:
         """The running loop stages the main params before every forced sync, and core does the rest.
@@ -442,8 +446,7 @@ class ParamSyncEngine:
 
 
 def _passive() -> SyncStats:
-    # The loop stages before every forced sync and core writes back and resets: any collective,
-    # staging or write here would only repeat core's work (and a stage would dirty the buffer).
+    # The loop stages and core writes back and resets: acting would repeat it (a stage dirties the buffer).
     return SyncStats(note="passive: the loop stages itself")
 
 

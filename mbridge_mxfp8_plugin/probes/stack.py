@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from ..defects import core_defects
 from ._source import read_text
-from .bridge import bridge_training_dir
 from .core import CoreBehaviour, probe_core_files
 from .hazards import HazardBehaviour, probe_hazard_files
-from .versions import installed_versions
+from .loops import bridge_training_dir
+from .versions import PackageOrigin, installed_versions, package_origin
 
 __all__ = ["InstalledStack"]
 
@@ -40,6 +40,9 @@ class InstalledStack:
     #: What the pair does about the known hazards (MX007, MX014-MX016); ``None``: not probed,
     #: and those rules judge the config alone.
     hazards: HazardBehaviour | None = None
+    #: Where ``megatron.bridge`` comes from (its own distribution, Megatron-LM's, a source tree);
+    #: ``None``: not installed, or not probed.
+    bridge_origin: PackageOrigin | None = None
 
     @classmethod
     def detect(cls) -> InstalledStack:
@@ -51,6 +54,7 @@ class InstalledStack:
             bridge_calls_prepare=None if train_py is None else _CALLS_PREPARE in train_py,
             versions=installed_versions(),
             hazards=probe_hazard_files(),
+            bridge_origin=package_origin("bridge"),
         )
 
     @property
@@ -66,6 +70,9 @@ class InstalledStack:
     def describe(self) -> str:
         core = self.versions.get("megatron-core") or ("unknown" if self.core else "not installed")
         bridge = self.versions.get("megatron-bridge") or "not installed"
+        origin = self.bridge_origin
+        if origin is not None and origin.distribution != "megatron-bridge":
+            bridge = origin.describe()  # folded into Megatron-LM's distribution, or a source tree
         if self.core is None:
             defects = "unknown"
         else:
