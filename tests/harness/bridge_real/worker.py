@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from harness.bridge_real.config import JobSpec, build_config
+from harness.bridge_real.resume import final_tensors, plant_band, resume_fix
 
 MXFP8_WEIGHTS = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight")
 
@@ -60,9 +61,11 @@ class RankResult:
     plugin_history: list[str] = field(default_factory=list)
     #: plugin runs: what each of the plugin's hook calls cost (``harness.bridge_real.costs``)
     plugin_costs: list[Any] = field(default_factory=list)
+    #: ``record_final``: every tensor the params and main shards hold at train end (F's comparison)
+    final: dict[str, Any] = field(default_factory=dict)
 
 
-def _to_mxfp8(model: list[Any], names: list[str]) -> list[Any]:
+def _to_mxfp8(model: list[Any], names: list[str], plant: bool = False) -> list[Any]:
     from mbridge_mxfp8_plugin.testing import make_mxfp8_param
 
     for chunk in model:
@@ -70,7 +73,7 @@ def _to_mxfp8(model: list[Any], names: list[str]) -> list[Any]:
             w = module._parameters.get("weight") if hasattr(module, "_parameters") else None
             if w is None or not f"{name}.weight".endswith(MXFP8_WEIGHTS):
                 continue
-            new = make_mxfp8_param(w.data)
+            new = make_mxfp8_param(plant_band(w.data) if plant else w.data)
             for k, v in w.__dict__.items():  # megatron's tensor-parallel attributes
                 new.__dict__.setdefault(k, v)
             module._parameters["weight"] = new
@@ -107,8 +110,8 @@ def _quantize_on_the_fly(model: list[Any]) -> list[Any]:
 class _Recorder:
     """Registered after the plugin: records losses, events, and what the plugin left behind."""
 
-    def __init__(self, result: RankResult, record_events: bool) -> None:
-        self.r, self.record_events = result, record_events
+    def __init__(self, result: RankResult, record_events: bool, record_final: bool = False) -> None:
+        self.r, self.record_events, self.record_final = result, record_events, record_final
 
     def _ev(self, name: str) -> None:
         if self.record_events:
@@ -139,6 +142,8 @@ class _Recorder:
 
     def on_train_end(self, ctx: Any) -> None:
         self._ev("on_train_end")
+        if self.record_final:
+            self.r.final = final_tensors(ctx.model, ctx.optimizer)
 
     def on_eval_start(self, ctx: Any) -> None:
         self._ev("on_eval_start")
@@ -295,7 +300,9 @@ def _run_one(spec: JobSpec) -> RankResult:
     )
     cfg = build_config(spec, torch.distributed.get_world_size())
     if spec.mxfp8:
-        cfg.model.register_pre_wrap_hook(lambda model: _to_mxfp8(model, result.mxfp8_param_names))
+        cfg.model.register_pre_wrap_hook(
+            lambda model: _to_mxfp8(model, result.mxfp8_param_names, spec.plant_band)
+        )
     else:
         cfg.model.register_pre_wrap_hook(_quantize_on_the_fly)
     callbacks: list[Any] = [_Probe(result)]
@@ -305,11 +312,12 @@ def _run_one(spec: JobSpec) -> RankResult:
         callbacks.append(meter.wrap(plugin))
     if spec.mode == "aligned":
         callbacks.append(_Aligner())
-    callbacks.append(_Recorder(result, spec.record_events))
+    callbacks.append(_Recorder(result, spec.record_events, spec.record_final))
     sink: list[str] = result.events if spec.record_events else []
     began = time.monotonic()
     with (
         meter.counting(),
+        resume_fix(spec.resume_fix),
         recording_param_syncs(sink),
         _recording_gathers_after_forced_syncs(result.gathers_after_forced_sync),
     ):
