@@ -12,6 +12,8 @@ where NeMo 2's loop stages, forces syncs and toggles pre-hooks, and each defect 
 (:data:`~mbridge_mxfp8_plugin.defects.NEMO_TERMS`): NeMo 2's LLM stack ends with 2.7, so its
 users keep the defects and read the table in NeMo's terms, not Bridge's. nemo_toolkit and Lightning
 are found through ``importlib.metadata`` (importing ``nemo`` takes seconds and pulls in torch).
+It also says which other owners of the param sync the installed megatron-core ships
+(Megatron-FSDP, the LayerWise optimizer) and why a job they own gets no engine.
 ``--json`` prints the same report machine-readably. Exit codes: 0 the report is complete
 (defects present are not an error: they are what the plugin repairs), 2 it could not be made (no
 megatron-core installed), with one line on stderr saying so. docs/compatibility.md lists the
@@ -37,6 +39,7 @@ from .defects import (
     hazards_exposed,
 )
 from .probes import installed_versions, probe_bridge_files, probe_core_files, probe_hazard_files
+from .probes.owners import SyncOwner, probe_owner_files
 from .probes.resume import probe_resume_files
 
 __all__ = ["add_doctor_parser", "diagnose", "render"]
@@ -124,6 +127,7 @@ def diagnose() -> dict[str, Any]:
     core = probe_core_files()
     report["core"] = core.as_dict() if core else None
     report["hazards"] = _hazards()
+    report["owners"] = _owners()
     if core is None:
         report["error"] = (
             "megatron-core is not installed (no megatron/core/distributed/param_and_grad_buffer.py): "
@@ -162,6 +166,27 @@ def diagnose() -> dict[str, Any]:
     else:
         report["plugin_mode"] = "passive (training); holds weights for eval-only jobs"
     return report
+
+
+#: Param syncs megatron-core can hand to someone else, and the OwnerFiles flag that says it ships them.
+_OWNERS = (("Megatron-FSDP", "megatron_fsdp"), ("the LayerWise distributed optimizer", "layer_wise"))
+
+
+def _owners() -> dict[str, Any] | None:
+    """Which other owners of the param sync the installed megatron-core ships, and why the plugin
+    leaves a job they own alone (``None``: no megatron-core to read)."""
+    files = probe_owner_files()
+    if files is None:
+        return None
+    shipped = files.as_dict()
+    return {name: {"shipped": shipped[flag], "why": SyncOwner(name, "").why} for name, flag in _OWNERS}
+
+
+def _render_owners(owners: dict[str, Any], p: Any) -> None:
+    p("param syncs the plugin leaves to their owner (a job they own: no engine, one line at train start):")
+    for name, info in owners.items():
+        shipped = "shipped by this megatron-core" if info["shipped"] else "not in this megatron-core"
+        p(f"  {name}: {shipped}; {info['why']}")
 
 
 def _hazards() -> dict[str, Any]:
@@ -227,6 +252,8 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
         _render_defects(report, p)
     if report.get("hazards"):
         _render_hazards(report["hazards"], p)
+    if report.get("owners"):
+        _render_owners(report["owners"], p)
 
 
 def _render_nemo(nemo: dict[str, Any], p: Any) -> None:

@@ -260,3 +260,23 @@ def test_doctor_reads_the_resume_side(monkeypatch) -> None:
         if report["defects"]:
             assert report["defects"]["F"]["present"] is expected
             assert "F" not in report["present"]  # a resume-only defect: not in the training list
+
+
+@pytest.mark.parametrize("shipped", [True, False])
+def test_doctor_names_the_param_syncs_it_leaves_alone(monkeypatch, shipped) -> None:
+    """Megatron-FSDP and the LayerWise optimizer: doctor says whether the installed core ships
+    them and why a job they own gets no engine (issue 24: check and doctor say why)."""
+    import io
+
+    from mbridge_mxfp8_plugin import doctor
+    from mbridge_mxfp8_plugin.probes.owners import OwnerFiles
+
+    monkeypatch.setattr(doctor, "probe_owner_files", lambda: OwnerFiles(shipped, shipped, shipped))
+    report = doctor.diagnose()
+    out = io.StringIO()
+    doctor.render(report, out)
+    text = out.getvalue()
+    word = "shipped by" if shipped else "not in"
+    for name in ("Megatron-FSDP", "the LayerWise distributed optimizer"):
+        assert report["owners"][name]["shipped"] is shipped
+        assert re.search(rf"^  {name}: {word} this megatron-core; \S", text, re.M), text
