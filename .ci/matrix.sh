@@ -31,6 +31,12 @@ ORDER=(core0140 core0153 core0161 core0171 core0182 core0192)
 # Their extra packages (transformers, nvidia-modelopt, ...) are in the 3.12 base venv. The 4-rank
 # pipeline-parallel run (PP=2 x DP=2, VP=2) runs in the main tier only, to keep CI time.
 declare -A REAL_PRETRAIN=([core0171]=1 [core0182]=1 [core0192]=1)
+# Cells whose release-order, verifier and exit-save tests run a second time with the kit's TE-shaped
+# MXFP8 param (MXFP8_PARAM_KIND=te: codes and scales in both directions, a _quantizer), so the
+# Transformer Engine branches of core and of the plugin run in CI: the newest pair here, core 0.16.1
+# in the main tier (Makefile test-main); a subset, for CI time.
+declare -A TE_PASS=([core0161]=1 [core0192]=1)
+TE_PASS_TESTS="tests/ranks/test_matrix.py tests/ranks/test_verify.py tests/ranks/test_exit_saves.py"
 cells=("$@")
 [ ${#cells[@]} -eq 0 ] && cells=("${ORDER[@]}")
 
@@ -133,6 +139,18 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
         RESULT[$cell]="passed"
     else
         RESULT[$cell]="FAILED"; fail=1
+    fi
+    if [ -n "${TE_PASS[$cell]:-}" ]; then
+        t1=$SECONDS
+        echo "[$cell] again with the TE-shaped MXFP8 param (MXFP8_PARAM_KIND=te)"
+        # shellcheck disable=SC2086
+        if PYTHONPATH=.matrix/$cell MXFP8_MATRIX_CELL=$cell MXFP8_BRIDGE_LOOP=$loop MXFP8_PARAM_KIND=te \
+            NO_VCS_VERSION=1 "$py" -m pytest -q -p no:cacheprovider -m matrix $TE_PASS_TESTS \
+            ${MATRIX_PYTEST_ARGS:-}; then
+            RESULT[$cell]="${RESULT[$cell]}, TE-shaped param passed ($((SECONDS - t1)) s)"
+        else
+            RESULT[$cell]="${RESULT[$cell]}, TE-shaped param FAILED"; fail=1
+        fi
     fi
     if [ -n "${REAL_PRETRAIN[$cell]:-}" ]; then
         t1=$SECONDS
