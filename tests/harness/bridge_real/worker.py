@@ -82,17 +82,16 @@ def _to_mxfp8(model: list[Any], names: list[str], plant: bool = False) -> list[A
 
 
 def _quantize_on_the_fly(model: list[Any]) -> list[Any]:
-    from mbridge_mxfp8_plugin.testing import mxfp8_quantize
+    from mbridge_mxfp8_plugin.testing import mxfp8_reference_weight
 
     def wrap(module: Any) -> None:
         forward = module.forward
 
         def quantized_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
             w = self._parameters["weight"]
-            q = mxfp8_quantize(w).to(w.dtype)
-            # The module reads self.weight; for one call it is the rounded value, and the
-            # straight-through sum sends the gradient to the real param.
-            self._parameters["weight"] = w + (q - w).detach()
+            # The module reads self.weight; for one call it is the rounded value (the kit's
+            # MXFP8_PARAM_KIND decides which copies), and the gradient reaches the real param.
+            self._parameters["weight"] = mxfp8_reference_weight(w)
             try:
                 return forward(*args, **kwargs)
             finally:
