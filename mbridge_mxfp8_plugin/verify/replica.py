@@ -28,8 +28,16 @@ _HASH_MOD = 8191
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def fold_sources(param: Any, reader: Reader) -> list[torch.Tensor]:
-    """What is folded: the values, or the codes and the scale bytes of real blocks."""
+def fold_sources(param: Any, reader: Reader | str) -> list[torch.Tensor]:
+    """What is folded: the values, or the codes and the scale bytes of real blocks. A quantized
+    param the shard check cannot read (``reader`` is why) is folded from the bytes it holds:
+    per-tensor FP8's ``_data`` and its one scale, or an MXFP8 type's row-wise codes alone."""
+    if isinstance(reader, str):
+        found = (getattr(param, a, None) for a in ("_data", "_scale_inv", "_rowwise_data"))
+        held = [t for t in found if isinstance(t, torch.Tensor) and t.is_contiguous()]
+        if not held:
+            raise TypeError(f"{type(param).__name__} holds no bytes the replica check can fold ({reader})")
+        return held
     if reader.scales is None:
         return [reader.flat]
     last = param.shape[-1] if param.dim() else 1

@@ -69,7 +69,8 @@ def _unchecked_reason(param: Any, own: Owned, fp8: bool, mxfp8: bool) -> str:
     if own.main is None:
         return "main params live inside the optimizer (precision-aware)"
     if fp8 and not mxfp8:
-        return "per-tensor FP8 scale spans every rank's shard"
+        # Per-tensor FP8 (its scale spans every rank's shard), or another blockwise format.
+        return f"{type(param).__name__} is quantized but not MXFP8: no 32-element block owns its scale"
     return ""
 
 
@@ -169,7 +170,7 @@ def _walk(
                     else:
                         check.add(name, param, reader, own, mxfp8)  # type: ignore[arg-type]
                 if replicated:
-                    source = fold_sources(param, reader) if isinstance(reader, Reader) else [_plain(param)]
+                    source = fold_sources(param, reader) if fp8 else [_plain(param)]
                     device = source[0].device
                     rows = row_sums(source, stride, offset)
             except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce
