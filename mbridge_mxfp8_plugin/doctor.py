@@ -41,6 +41,7 @@ from .defects import (
 from .probes import installed_versions, probe_bridge_files, probe_core_files, probe_hazard_files
 from .probes.owners import SyncOwner, probe_owner_files
 from .probes.resume import probe_resume_files
+from .probes.versions import package_origin
 
 __all__ = ["add_doctor_parser", "diagnose", "render"]
 
@@ -121,6 +122,9 @@ def diagnose() -> dict[str, Any]:
         "nemo": _nemo(),
         "defects": {},
     }
+    # Bridge's own distribution, Megatron-LM's (after the fold, Bridge #6172), or a source tree
+    origin = package_origin("bridge")
+    report["bridge_origin"] = origin.as_dict() | {"describe": origin.describe()} if origin else None
     nemo_loop = bool(report["nemo"] and report["nemo"]["loop"])
     loop = probe_bridge_files()
     report["bridge_loop"] = loop.as_dict() if loop else None
@@ -229,6 +233,8 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
     p("installed:")
     for name, ver in report["versions"].items():
         p(f"  {name:<20} {ver or '-'}")
+    if report.get("bridge_origin"):
+        p(f"  {'megatron.bridge':<20} {report['bridge_origin']['describe']}")  # where it comes from
     loop = report.get("bridge_loop")
     if loop:
         p(f"Megatron-Bridge loop ({loop['source']}):")
@@ -262,8 +268,10 @@ def _render_nemo(nemo: dict[str, Any], p: Any) -> None:
         p(f"  {nemo['last_release']}")
         return
     unsure = "" if nemo["llm_stack"] else " (its file list is missing: assumed to be NeMo 2's)"
-    p(f"NeMo 2 loop (nemo_toolkit {nemo['nemo_toolkit']}, nemo.lightning){unsure}; "
-      "the fix: MXFP8ParamSyncLightningCallback (mbridge_mxfp8_plugin.lightning)")
+    p(
+        f"NeMo 2 loop (nemo_toolkit {nemo['nemo_toolkit']}, nemo.lightning){unsure}; "
+        "the fix: MXFP8ParamSyncLightningCallback (mbridge_mxfp8_plugin.lightning)"
+    )
     for question, answer in nemo["loop"].items():
         p(f"  {question}: {answer}")
     p(f"  {nemo['last_release']}")

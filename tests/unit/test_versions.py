@@ -149,3 +149,24 @@ def test_dist_info_without_its_package_does_not_answer(tmp_path: Path, monkeypat
     versions._clear_caches()
     assert metadata.version("megatron-bridge") == "9.9.9"  # what a dist-info reader says
     assert installed_versions()["megatron-bridge"] == (real.version if real else None)
+
+
+def test_doctor_names_where_bridge_comes_from(tmp_path: Path, monkeypatch) -> None:
+    """``doctor`` (text and --json) reports Bridge's release and its owner for the folded layout."""
+    import io
+
+    from mbridge_mxfp8_plugin.doctor import diagnose, render
+
+    folded = tmp_path / "folded"
+    _package(folded, "core", (0, 20, 0, ""))
+    _package(folded, "bridge", (0, 7, 0, ""))
+    _dist_info(
+        folded, "megatron_core", "0.20.0", ["megatron/core/__init__.py", "megatron/bridge/__init__.py"]
+    )
+    monkeypatch.syspath_prepend(str(folded))
+    report = diagnose()
+    assert report["versions"]["megatron-bridge"] == "0.7.0"
+    assert report["bridge_origin"]["distribution"] == "megatron-core"
+    out = io.StringIO()
+    render(report, out)
+    assert "megatron.bridge      0.7.0 (inside the megatron-core 0.20.0 distribution)" in out.getvalue()
