@@ -636,7 +636,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for spec in args.core or ["installed="]:
+    for spec in [] if args.no_run else args.core or ["installed="]:
         version, path = spec.split("=", 1)
         json_path = out / f"verify_te_core{version.replace('.', '')}.json"
         env = dict(os.environ, PYTHONPATH=f"{path}:{REPO}:{os.environ.get('PYTHONPATH', '')}")
@@ -964,6 +964,7 @@ def main() -> int:
     v.add_argument("--sizes", default=DEFAULT_SIZES)
     v.add_argument("--nproc", type=int, default=1)
     v.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "verify_te"))
+    v.add_argument("--no-run", action="store_true", help="only tabulate the raw results already in --out")
     p = sub.add_parser("replot")
     p.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "eval_sync.json"))
     args = parser.parse_args()

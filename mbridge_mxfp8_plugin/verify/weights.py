@@ -170,7 +170,7 @@ def _walk(
                     else:
                         check.add(name, param, reader, own, mxfp8)  # type: ignore[arg-type]
                 if replicated:
-                    source = fold_sources(param, reader) if fp8 else [_plain(param)]
+                    source = fold_sources(param, reader)
                     device = source[0].device
                     rows = row_sums(source, stride, offset)
             except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce
