@@ -24,7 +24,14 @@ from ..probes.bridge_facts import (
     bridge_facts,
     normalize_recipe_name,
 )
-from ..probes.fields import SectionFields, container_sections, core_fields, section_fields, target_fields
+from ..probes.fields import (
+    SectionFields,
+    container_sections,
+    core_fields,
+    section_fields,
+    target_fields,
+    value_domain,
+)
 from .issues import check_value, issue_type, unknown_key, unknown_section
 from .read import BaseRef
 from .values import ConfigView, InputIssue
@@ -45,6 +52,14 @@ def _schema(view: ConfigView, name: str, data: Any) -> SectionFields:
         # No Bridge here: megatron-core's class, which Bridge's subclass may extend.
         return SectionFields(f"megatron-core's {name} config", core_fields(name), False)
     return found
+
+
+def _fits(view: ConfigView, section: str, key: str, value: Any, annotation: Any) -> bool:
+    """The annotation, then (a string knob typed ``str`` in older releases) megatron-core's enum."""
+    if annotation is not None and not check_value(view, section, key, value, annotation):
+        return False
+    domain = value_domain(key) if isinstance(value, str) else None
+    return domain is None or check_value(view, section, key, value, domain)
 
 
 def read_section(view: ConfigView, name: str, data: Any, knobs: Mapping[str, Any] | None = None) -> None:
@@ -76,7 +91,7 @@ def read_section(view: ConfigView, name: str, data: Any, knobs: Mapping[str, Any
             view.base_refs[f"{name}.{key}"] = value.expr
             continue
         annotation = (schema or {}).get(key) or (knobs or {}).get(key)
-        if annotation is not None and not check_value(view, name, key, value, annotation):
+        if not _fits(view, name, key, value, annotation):
             continue
         kept[key] = value
     view.sections[name] = kept
@@ -165,7 +180,7 @@ def _read_mp_mapping(view: ConfigView, value: Mapping[str, Any]) -> None:
             continue
         if not check_value(view, "mixed_precision", key, v, schema[key]):
             continue
-        if key in model and not check_value(view, "mixed_precision", key, v, model[key]):
+        if not _fits(view, "mixed_precision", key, v, model.get(key)):
             continue
         kept[key] = v
     view.mp_values = kept

@@ -33,6 +33,7 @@ __all__ = [
     "core_fields",
     "find_class",
     "section_fields",
+    "value_domain",
 ]
 
 #: typing names whose value a YAML knob can hold as a plain list / mapping.
@@ -248,6 +249,28 @@ def core_default(section: str, knob: str) -> Any:
     """megatron-core's default for a knob (what an unset field of a fresh config holds); None if unknown."""
     field = (_core_class(section) or {}).get(knob)
     return None if field is None or field.default is MISSING else field.default
+
+
+#: String knobs whose legal values are a megatron-core enum's members: releases before 0.16
+#: annotate them as a plain ``str`` (0.16 as a Literal), and compare the string with the enum.
+_STRING_ENUMS = {
+    "fp8_recipe": ("megatron.core.enums", "Fp8Recipe"),
+    "fp4_recipe": ("megatron.core.enums", "Fp4Recipe"),
+}
+
+
+@functools.lru_cache(maxsize=8)
+def value_domain(knob: str) -> EnumType | None:
+    """The enum a string knob's value must name in the installed megatron-core, or None."""
+    where = _STRING_ENUMS.get(knob)
+    path = module_file(where[0]) if where else None
+    if where is None or path is None:
+        return None
+    found = find_class(path, where[1])
+    if found is None or found[1]["enum"] is None:
+        return None
+    members = found[1]["enum"]
+    return EnumType(where[1], tuple(m for m, _ in members), tuple(v for _, v in members))
 
 
 def config_py() -> Path | None:
