@@ -22,7 +22,8 @@ megatron-core, Megatron-Bridge and the plugin take their Transformer Engine bran
   and the column-wise copy is derived from dequantized row-wise values: defect F's mechanism);
   in-place ops dequantize, run and re-quantize; every other op runs on the dequantized row-wise
   values and returns a plain tensor (so ``.to()``/``.cpu()`` copies, what a checkpoint writes,
-  are bf16, as with TE 2.x);
+  are bf16, as with TE 2.x; TE's tensors live on the GPU, the kit's on the host, where a copy to
+  the host would be a no-op: it dequantizes here too);
 * under TE's fp8 model init a param carries ``get_high_precision_init_val`` /
   ``clear_high_precision_init_val`` (bound methods; the value is kept on CPU; after clearing,
   ``get`` returns None, as in TE).
