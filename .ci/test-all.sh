@@ -29,7 +29,7 @@ matrix_setup=$!
   echo "nemo install finished rc=$rc in $((SECONDS - t0)) s" >> "$LOGS/setup-nemo.log"; exit $rc ) &
 nemo_setup=$!
 
-# The fast tier first (~30 s, one process): a broken engine or rule shows before the long tiers.
+# The fast tier first (tests/unit, ~100 s of CPU, one process): a broken engine or rule shows before the long tiers.
 tier test-fast "$MAKE" --no-print-directory test-fast
 tier lint "$MAKE" --no-print-directory lint
 tier test-main "$MAKE" --no-print-directory test-main
