@@ -81,7 +81,7 @@ class EngineHolder:
             )
         # One options type for every entry point; a keyword given here wins over ``options``.
         self.options = (options or PluginOptions()).replace(**overrides)
-        self._disabled_logged = False
+        self._disabled_logged = self._owner_logged = False
         self._forget_engine()
 
     def _forget_engine(self) -> None:
@@ -125,7 +125,8 @@ class EngineHolder:
                     self._yield_to(self.engine.owner)
             return self.engine
         self._model_key = key
-        self.engine, self._owner = None, None if reason else sync_owner(chunks, optimizer)
+        # Sticky: Bridge's on_checkpoint_save hands unwrapped modules, which show no FSDP wrapper.
+        self.engine, self._owner = None, self._owner or (None if reason else sync_owner(chunks, optimizer))
         if self._owner is not None:
             self._yield_to(self._owner)
             return None
@@ -153,7 +154,9 @@ class EngineHolder:
         """Someone else owns the param sync: no engine, and one line a default Bridge job shows."""
         self.engine, self._owner = None, owner
         self.inactive_reason = f"{owner.owner} owns the param sync ({owner.found})"
-        log_rank_zero(logging.WARNING, "%s", owner.message())
+        if not self._owner_logged:  # once per job: Bridge's save hands unwrapped modules (new key)
+            self._owner_logged = True
+            log_rank_zero(logging.WARNING, "%s", owner.message())
 
     def _check_job(self, engine: ParamSyncEngine, container: Any = None) -> None:
         """Refuse at train start what would otherwise fail (or train wrong) at the first eval."""

@@ -32,6 +32,8 @@ from typing import Any
 from ._source import block, megatron_subdir, read_text
 
 __all__ = [
+    "LAYER_WISE",
+    "MEGATRON_FSDP",
     "OwnerFiles",
     "SyncOwner",
     "fsdp_classes",
@@ -42,12 +44,12 @@ __all__ = [
     "sync_owner",
 ]
 
-_FSDP = "Megatron-FSDP"
-_LAYER_WISE = "the LayerWise distributed optimizer"
+MEGATRON_FSDP = "Megatron-FSDP"
+LAYER_WISE = "the LayerWise distributed optimizer"
 _WHY = {
-    _FSDP: "it gathers (MXFP8) params itself and has no shared param/grad buffer "
+    MEGATRON_FSDP: "it gathers (MXFP8) params itself and has no shared param/grad buffer "
     "(reuse_grad_buf_for_mxfp8_param_ag does not apply to it)",
-    _LAYER_WISE: "it owns whole params per rank and gathers the buckets it manages itself "
+    LAYER_WISE: "it owns whole params per rank and gathers the buckets it manages itself "
     "(Muon and other emerging optimizers)",
 }
 
@@ -148,16 +150,16 @@ def model_sync_owner(model_chunks: Sequence[Any] | None) -> SyncOwner | None:
     for chunk in model_chunks or ():
         for obj in _wrapped(chunk):
             if fsdp and isinstance(obj, fsdp):
-                return SyncOwner(_FSDP, _qualname(obj))
+                return SyncOwner(MEGATRON_FSDP, _qualname(obj))
             try:
                 own = vars(obj)
             except TypeError:
                 continue
             config = own.get("ddp_config")
             if config is not None and getattr(config, "use_megatron_fsdp", False):
-                return SyncOwner(_FSDP, f"{type(obj).__name__} with ddp_config.use_megatron_fsdp=True")
+                return SyncOwner(MEGATRON_FSDP, f"{type(obj).__name__}.ddp_config.use_megatron_fsdp=True")
             if isinstance(own.get("buffers"), (list, tuple)) and _layer_wise_marks(obj):
-                return SyncOwner(_LAYER_WISE, "buckets marked as LayerWise-managed by megatron-core")
+                return SyncOwner(LAYER_WISE, "buckets marked as LayerWise-managed by megatron-core")
     return None
 
 
@@ -182,7 +184,7 @@ def optimizer_sync_owner(optimizer: Any) -> SyncOwner | None:
         return None
     for opt in _optimizers(optimizer):
         if isinstance(opt, classes):
-            return SyncOwner(_LAYER_WISE, _qualname(opt))
+            return SyncOwner(LAYER_WISE, _qualname(opt))
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...defects import DEFECTS
 from ...options import PLUGIN_SECTION
+from ...probes.owners import LAYER_WISE, MEGATRON_FSDP, SyncOwner
 from ..effective import EffectiveConfig
 from ..report import Rule, RuleResult
 from ..view import UNKNOWN, Val
@@ -30,6 +31,21 @@ def _relevant_defects(ctx: EffectiveConfig) -> list[str] | None:
     return [d for d in present if d == "A" or overlap]
 
 
+def _sync_owner(ctx: EffectiveConfig) -> SyncOwner | None:
+    """Megatron-FSDP or the LayerWise (Muon) optimizer, as the config states it: they own the param
+    sync, so the plugin stays passive and none of the defects it fixes apply. LayerWise is chosen by
+    ``use_layer_wise_distributed_optimizer`` (core >= 0.18) or a ``dist_*`` optimizer name (what
+    Bridge and megatron-core read as layer-wise)."""
+    fsdp, lw, name = ctx.fsdp(), ctx.opt("use_layer_wise_distributed_optimizer"), ctx.opt("optimizer")
+    if fsdp.known and fsdp.value:
+        return SyncOwner(MEGATRON_FSDP, fsdp.path)
+    if lw.known and lw.value:
+        return SyncOwner(LAYER_WISE, lw.path)
+    if name.known and isinstance(name.value, str) and name.value.startswith("dist_"):
+        return SyncOwner(LAYER_WISE, f"{name.path}={name.value}")
+    return None
+
+
 #: How a job gets the plugin when its YAML says nothing about it.
 _SWITCH_ON = (
     "launch the job with `python -m mbridge_mxfp8_plugin.launch` and add `mxfp8_plugin: {enabled: true}` "
@@ -42,6 +58,10 @@ def _mx009(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     enabled = Val(ctx.view.plugin.get("enabled", True), f"{PLUGIN_SECTION}.enabled")
     if ctx.installed is None or ctx.installed.core is None:
         return _na(rule, "no megatron-core here: which defects are present is unknown", enabled.path)
+    owner = _sync_owner(ctx)
+    if owner is not None:
+        why = f"the plugin stays passive: {owner.owner} owns the param sync ({owner.found}); {owner.why}"
+        return _pass(rule, why, owner.found.partition("=")[0], True)
     defects = _relevant_defects(ctx)
     # Turning the plugin off is fine where the installed pair has no defect this config meets.
     if enabled.value and ctx.view.plugin_stated:
