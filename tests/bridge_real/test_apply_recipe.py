@@ -38,6 +38,8 @@ def ou() -> Any:
         pytest.skip(f"Megatron-Bridge is not importable here ({exc})")
 
 
+# Stand-ins for the container's sections, alike in shape on purpose (duplicates lists them, and
+# test_config_equivalence's): each holds only the fields and defaults the merge here reads.
 @dataclasses.dataclass
 class _Model:
     num_layers: int = 2
