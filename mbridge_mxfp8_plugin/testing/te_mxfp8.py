@@ -170,7 +170,9 @@ class TEShapedMXFP8Quantizer:
             raise TypeError(f"cannot store MXFP8 in {type(dst).__name__}")
         if noop_flag is not None and bool(noop_flag.item() == 1.0):
             return dst
-        src = _plain_values(src).to(dst.device).reshape(dst.shape)
+        # TE's kernels see (prod(shape[:-1]), shape[-1]); a view with leading axes (a checkpoint
+        # loader's) shares its parent's 2-D scales.
+        src = _plain_values(src).to(dst.device).reshape(-1, dst.shape[-1])
         for direction, used in (("rowwise", self.rowwise_usage), ("columnwise", self.columnwise_usage)):
             if not used:
                 continue
@@ -180,7 +182,7 @@ class TEShapedMXFP8Quantizer:
             cast = mxfp8_cast_columnwise if direction == "columnwise" else mxfp8_cast
             codes, scales = cast(src)
             scale_inv = getattr(dst, f"_{direction}_scale_inv")
-            data.copy_(codes.view(torch.uint8))
+            data.copy_(codes.view(torch.uint8).reshape(data.shape))
             scale_inv[: scales.shape[0], : scales.shape[1]].copy_(scales)
         dst._fp8_dtype = self.dtype
         return dst

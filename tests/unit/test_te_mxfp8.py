@@ -214,3 +214,15 @@ def test_param_kind_selects_the_emulation(monkeypatch):
     monkeypatch.setenv("MXFP8_PARAM_KIND", "bytes")
     with pytest.raises(ValueError, match="MXFP8_PARAM_KIND='bytes'.*'values'.*'te'"):
         param_kind()
+
+
+def test_a_view_with_leading_axes_loads_into_the_param():
+    """megatron-core 0.19's loader writes a checkpoint into ``param.data.view(1, *shape)`` (layer
+    axis prepended) through ``copy_``: the view shares the param's codes and 2-D scales."""
+    p = make_te_mxfp8_param(torch.randn(32, 32))
+    view = p.data.view(1, 32, 32)
+    assert isinstance(view, TEShapedMXFP8Tensor) and view.shape == (1, 32, 32)
+    view.copy_(_crafted().unsqueeze(0))
+    assert p._rowwise_data[0, :2].tolist() == [0x7C, 0x02] and p._rowwise_scale_inv[0, 0].item() == 120
+    assert p._columnwise_scale_inv[0, :2].tolist() == [120, 103]
+    assert torch.equal(view.dequantize()[0], p.dequantize())
