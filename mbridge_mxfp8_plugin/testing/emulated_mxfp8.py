@@ -118,8 +118,9 @@ class EmulatedMXFP8Tensor(EmulatedQuantizedTensor):
         with torch._C.DisableTorchFunctionSubclass():
             return torch.Tensor.clone(self)
 
-    def get_high_precision_init_val(self) -> torch.Tensor:
-        return self.__dict__["_high_precision_init_val"]
+    def get_high_precision_init_val(self) -> torch.Tensor | None:
+        # None once cleared, as TE's: megatron-core main asks again after its optimizers cleared it.
+        return self.__dict__.get("_high_precision_init_val")
 
     def clear_high_precision_init_val(self) -> None:
         self.__dict__.pop("_high_precision_init_val", None)

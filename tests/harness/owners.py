@@ -169,8 +169,10 @@ def _fsdp_rank_body() -> OwnerRun:
                 return {n: (t.to_local() if hasattr(t, "to_local") else t).clone() for n, t in local.items()}
 
             def hook(event: str) -> None:
+                # Bridge's on_checkpoint_save hands unwrap_model(model): no FSDP wrapper in sight.
+                seen = SimpleNamespace(model=[model.module]) if event == "on_checkpoint_save" else ctx
                 before = weights()
-                meter.measure(event, 0, [], lambda: getattr(plugin, event)(ctx))
+                meter.measure(event, 0, [], lambda: getattr(plugin, event)(seen))
                 after = weights()
                 meter.costs[-1].writes = [n for n in before if not torch.equal(before[n], after[n])]
 

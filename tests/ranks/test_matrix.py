@@ -37,6 +37,7 @@ PAIRED_LOOP = {
     "0.17": "0.4.2",
     "0.18": "0.5.1",
     "0.19": "0.6.2",
+    "0.20": "0.6.2",  # Megatron-LM main (0.20.0-dev): Bridge main's loop keeps 0.6's order (doctor)
 }
 LOOP = os.environ.get("MXFP8_BRIDGE_LOOP") or PAIRED_LOOP.get(CORE, "0.3.1")
 
@@ -62,6 +63,8 @@ EXPECTED.update(
         ("0.19", "0.6"): set(),
     }
 )
+# Megatron-LM main (0.20.0-dev, docs/compatibility.md): A, B1 and C stay fixed, so as 0.19.
+EXPECTED.update({("0.20", loop): EXPECTED[("0.19", loop)] for loop in ("0.3", "0.4", "0.5", "0.6")})
 CELL = (CORE, _minor(LOOP))
 
 pytestmark = [
@@ -230,7 +233,9 @@ def test_replica_loop_order_agrees_with_installed_bridge_source() -> None:
         pytest.skip("no megatron-bridge installed")
     probe = probe_bridge_files()
     assert probe is not None
-    order = loop_order(installed)
+    # A Bridge newer than the replica's newest order (main: 0.7.0-dev) must keep that order.
+    newer = tuple(map(int, _minor(installed).split("."))) > (0, 6)
+    order = loop_order("0.6.2" if newer else installed)
     assert probe.on_train_start_before_initial_disable == order.on_train_start_before_disable
     assert probe.stages_before_eval == (order.stage_before_eval or order.optimizer_prepares_sync)
     assert probe.stages_before_every_forced_sync == order.optimizer_prepares_sync
