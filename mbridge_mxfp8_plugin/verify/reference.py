@@ -82,7 +82,9 @@ class Reference:
         are blocks of their own and change no other row)."""
         k = rows.shape[0]
         pad = (-k) % BLOCK
-        src = rows.to(self.dtype)
+        # Written as the gather delivers them: bf16 in reuse mode; fp32 where core casts the main
+        # shard into a uint8 buffer itself (no bf16 rounding first).
+        src = rows
         if pad:
             src = torch.nn.functional.pad(src, (0, 0, 0, pad))
         small = self._empty((k + pad, BLOCK), src.device)
