@@ -96,8 +96,8 @@ def _forced_sync(job: Any) -> None:
 
 
 def _stale_and_ensure(out: dict[str, Any]) -> None:
-    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
     from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
 
     job = build_job(ToyConfig())
     out["init"] = verify_weights(job.model, job.optimizer, event="init")
@@ -131,11 +131,10 @@ def _case_b(mode: str) -> dict[str, Any]:
     """A forced sync (eval) after training: ``off`` no plugin; ``b1_off`` main params staged
     before it but nothing written back (core 0.16.1 writes forced gathers back never); ``b2_off``
     the gathered buffer written back without staging (it holds reduced gradients); ``on`` the API."""
-    from mbridge_mxfp8_plugin import mxfp8_param_sync
+    from mbridge_mxfp8_plugin import mxfp8_param_sync, verify_weights
     from mbridge_mxfp8_plugin.sync import ParamSyncEngine
     from mbridge_mxfp8_plugin.testing.megatron_lm_loop import train_step
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin import verify_weights
 
     job = build_job(ToyConfig())
     sync = mxfp8_param_sync(job.model, job.optimizer) if mode == "on" else None
@@ -166,9 +165,8 @@ def _case_b(mode: str) -> dict[str, Any]:
 
 def _case_a(mode: str) -> dict[str, Any]:
     """Training forwards whose copy-back reads ``param_to_index``: unrepaired (off) / the API (on)."""
-    from mbridge_mxfp8_plugin import check_bucket_alignment, mxfp8_param_sync
+    from mbridge_mxfp8_plugin import check_bucket_alignment, mxfp8_param_sync, verify_weights
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin import verify_weights
 
     job = build_job(ToyConfig())
     misindexed = {m.param for m in check_bucket_alignment(job.model, repair=False).mismatches}
@@ -185,10 +183,9 @@ def _case_c(mode: str) -> dict[str, Any]:
     """The step after a forced sync. Offsets repaired and no write-back in every mode (B1 left
     in); ``c_off``: nothing else, ``c_fixed``: only the engine's dispatch reset after the sync,
     ``on``: the API."""
-    from mbridge_mxfp8_plugin import mxfp8_param_sync
+    from mbridge_mxfp8_plugin import mxfp8_param_sync, verify_weights
     from mbridge_mxfp8_plugin.sync import ParamSyncEngine
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin import verify_weights
 
     job = build_job(ToyConfig())
     sync = mxfp8_param_sync(job.model, job.optimizer) if mode == "on" else None
@@ -212,9 +209,8 @@ def _case_c(mode: str) -> dict[str, Any]:
 
 def _case_expert() -> dict[str, Any]:
     """Expert-parallel params (their own buffers and data-parallel group), plugin on via the API."""
-    from mbridge_mxfp8_plugin import mxfp8_param_sync
+    from mbridge_mxfp8_plugin import mxfp8_param_sync, verify_weights
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin import verify_weights
 
     job = build_job(ToyConfig(expert_layers=(1,)))
     sync = mxfp8_param_sync(job.model, job.optimizer)
@@ -231,9 +227,9 @@ def _case_sampling() -> dict[str, Any]:
     """The sampled check on current weights: silent; then one owned slice shifted by 64 elements
     (A's signature), then one 32-element block negated in two params (one with a row length
     that is a multiple of 32, one whose rows end in a short block)."""
+    from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
     from mbridge_mxfp8_plugin.options import DEFAULT_VERIFY_SAMPLE
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-    from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
     from mbridge_mxfp8_plugin.verify.weights import _owned_shards
 
     job = build_job(ToyConfig(dims=(32, 45, 96, 45, 10)))
