@@ -19,13 +19,16 @@ from harness.mx_cases import CASES, DEFECTIVE, FIXED, TINY, Case
 from mbridge_mxfp8_plugin import validate_config
 from mbridge_mxfp8_plugin.defects import HAZARDS
 from mbridge_mxfp8_plugin.probes import HazardBehaviour
+from mbridge_mxfp8_plugin.probes.fields import section_fields
 
 BASE: dict[str, Any] = yaml.safe_load(TINY.read_text())
 # The knobs the tiny recipe leaves to its base recipe, stated here (at Bridge's defaults) so that
 # every rule can judge the config: with them unstated a rule says n/a, never pass.
 BASE["ddp"]["use_megatron_fsdp"] = False
 BASE["optimizer"].update(overlap_param_gather_with_optimizer_step=False, optimizer_cpu_offload=False)
-BASE["model"].update(cuda_graph_impl="none", num_moe_experts=None)
+BASE["model"]["num_moe_experts"] = None
+if "cuda_graph_impl" in (section_fields("model").fields or {"cuda_graph_impl": None}):
+    BASE["model"]["cuda_graph_impl"] = "none"  # a field from megatron-core 0.15
 #: a rule tripped at each severity shows this status
 TRIPPED = {"error": "fail", "warning": "warn"}
 #: one knob, two rules: turning the distributed optimizer off also leaves the recipe's
@@ -108,6 +111,8 @@ HAZARD_CASES = {
 
 def _hazard_statuses(rule: str, installed: Any) -> tuple[dict[str, str], dict[str, str]]:
     """Every rule's status on the safe config and on the hazard's."""
+    if rule == "MX015" and "cuda_graph_impl" not in BASE["model"]:
+        pytest.skip("megatron-core < 0.15 has no cuda_graph_impl: no full-iteration graph to ask for")
     hazard, safe = HAZARD_CASES[rule]
     before = validate_config(_apply(safe), dp_size=2, strict=False, installed=installed)
     after = validate_config(_apply(hazard), dp_size=2, strict=False, installed=installed)
@@ -131,6 +136,8 @@ def test_hazard_passes_where_the_pair_is_not_exposed(rule: str):
 
 def test_hazard_messages_cite_upstream_and_give_the_fix():
     for rule, (overrides, _) in HAZARD_CASES.items():
+        if rule == "MX015" and "cuda_graph_impl" not in BASE["model"]:
+            continue  # megatron-core < 0.15: no full-iteration graph to ask for
         report = validate_config(_apply(overrides), dp_size=2, strict=False, installed=EXPOSED_PAIR)
         (finding,) = report.by_rule(rule).findings
         assert finding.severity == "error" and finding.fix

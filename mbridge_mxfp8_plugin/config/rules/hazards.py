@@ -13,6 +13,7 @@ from typing import Any
 
 from ..._yamltypes import yaml_literal as _y
 from ...defects import HAZARDS
+from ...probes.fields import section_fields
 from ..effective import EffectiveConfig
 from ..report import Rule, RuleResult
 from ..view import Val
@@ -80,6 +81,20 @@ def _mx014(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     return _violation(rule, "error", ov.path, False, f"MoE ({evidence}) {hazard}", _overlap_fix(ov))
 
 
+def _model_fields() -> Any:
+    """The model fields the installed release has; everything (``ALL``) when not readable."""
+    fields = section_fields("model").fields
+    return fields if fields is not None else _ALL
+
+
+class _All:
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+_ALL = _All()
+
+
 def _names(value: Any) -> set[str]:
     """Member names of a CUDA-graph scope: a string (comma-separated), an enum member, or a list."""
     if value is None:
@@ -97,6 +112,10 @@ def _mx015(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     full_scope = any(v.known and "full_iteration" in _names(v.value) for v in scopes)
     if ctx.reuse_state() is False:
         return _pass(rule, "reuse off", impl.path, impl.value)
+    if ctx.view.kind == "recipe" and "cuda_graph_impl" not in _model_fields():
+        # megatron-core < 0.15 has no cuda_graph_impl: no full-iteration graph can be asked for
+        # (Bridge drops the key, MX101 says so).
+        return _pass(rule, "the installed megatron-core has no cuda_graph_impl", impl.path)
     if not impl.known:
         return _na(rule, f"cuda_graph_impl {ctx.why_unknown(impl)}", impl.path)
     # Only a captured full iteration replays the all-gather while the loop skips staging.
