@@ -64,7 +64,7 @@ def param_tensors(name: str, param: Any) -> dict[str, torch.Tensor]:
         return {name: torch.Tensor.clone(param.detach())}
 
 
-def _final(job: Any) -> dict[str, torch.Tensor]:
+def final_state(job: Any) -> dict[str, torch.Tensor]:
     from mbridge_mxfp8_plugin.plan import distributed_optimizers
 
     out: dict[str, torch.Tensor] = {}
@@ -78,7 +78,7 @@ def _final(job: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def _plain_values(param: Any) -> torch.Tensor:
+def saved_values(param: Any) -> torch.Tensor:
     """The bf16 values a checkpoint stores for a param (an MXFP8 param dequantized)."""
     if hasattr(param, "dequantize"):
         return param.dequantize().to(torch.bfloat16).clone()
@@ -88,7 +88,7 @@ def _plain_values(param: Any) -> torch.Tensor:
 def take_checkpoint(job: Any) -> dict[str, Any]:
     from mbridge_mxfp8_plugin.plan import distributed_optimizers
 
-    model = [{n: _plain_values(p) for n, p in c.module.named_parameters()} for c in job.model]
+    model = [{n: saved_values(p) for n, p in c.module.named_parameters()} for c in job.model]
     opts = []
     for opt in distributed_optimizers(job.optimizer):
         mains = [m.detach().clone() for group in opt.shard_fp32_from_float16_groups for m in group]
@@ -104,15 +104,21 @@ def take_checkpoint(job: Any) -> dict[str, Any]:
 def load_checkpoint(job: Any, ckpt: dict[str, Any]) -> None:
     """Into a freshly built job: the weights through each param's ``copy_`` (re-quantizing an
     MXFP8 param, as a real load does), the optimizer state as stored."""
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
-
     with torch.no_grad():
         for chunk, state in zip(job.model, ckpt["model"], strict=True):
             chunk.module.load_state_dict(state, strict=True)
-        for opt, (mains, inner) in zip(distributed_optimizers(job.optimizer), ckpt["optimizer"], strict=True):
+    load_optimizer_state(job, ckpt["optimizer"])
+
+
+def load_optimizer_state(job: Any, saved: list[Any]) -> None:
+    """The fp32 main shards and Adam's state of each distributed optimizer, as stored."""
+    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+
+    with torch.no_grad():
+        for opt, (mains, inner) in zip(distributed_optimizers(job.optimizer), saved, strict=True):
             own = [m for group in opt.shard_fp32_from_float16_groups for m in group]
-            for main, saved, state in zip(own, mains, inner, strict=True):
-                main.copy_(saved)
+            for main, value, state in zip(own, mains, inner, strict=True):
+                main.copy_(value)
                 opt.optimizer.state[main] = {
                     k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()
                 }
@@ -172,7 +178,7 @@ class _Loop:
         if sync is not None:
             sync.close()
             rec.history = [(e, s.note, s.all_gathers) for e, s in sync.history]
-        rec.final = _final(job)
+        rec.final = final_state(job)
         return ckpt
 
 

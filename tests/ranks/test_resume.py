@@ -13,8 +13,12 @@ whose weights are not its main params' (a save without the plugin), which the sa
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from harness.resume_loop import EVALS, ITERS, SAVE_AT
+
+pytestmark = pytest.mark.matrix  # every release-pair cell: F's fix and its passivity by loop order
 
 #: the kit's two MXFP8 params: values only (``values``), Transformer Engine's shape (``te``)
 KINDS = ("values", "te")
@@ -51,6 +55,11 @@ def runs(all_runs, kind):
     return {name: all_runs[kind, name] for name in CASES}
 
 
+def _same(a: dict[int, float], b: dict[int, float]) -> bool:
+    """Equal, NaN included (a checkpoint of gathered gradients trains on NaN on every rank)."""
+    return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
 def _differences(full, resumed) -> list[str]:
     """Everything after the resume that is not bit-identical, by name."""
     out = [
@@ -73,7 +82,7 @@ def _resume_event(run):
 def test_ranks_agree_and_the_resume_ran_where_it_should(runs):
     for name, per_rank in runs.items():
         a, b = per_rank
-        assert a["resumed"].train_losses == b["resumed"].train_losses, name
+        assert _same(a["resumed"].train_losses, b["resumed"].train_losses), name
         assert sorted(a["resumed"].train_losses) == list(range(SAVE_AT + 1, ITERS + 1)), name
         assert sorted(a["full"].eval_losses) == list(EVALS), name
 
@@ -93,9 +102,9 @@ def test_resume_from_a_correct_checkpoint(runs, kind, fix):
         else:
             # The column-wise copy the backward pass reads was quantized from dequantized row-wise
             # values: the first step's input gradients differ, and so do the main params it
-            # updates. (Measured: ~2.5e3 main elements by <= 4e-6 at lr 1e-4; the losses stay equal
-            # in fp32 here, the difference being below the bf16 resolution of the activations.)
-            assert any("columnwise" in k for k in diff), diff
+            # updates. (Measured: ~2.5e3 main elements by <= 4e-6 at lr 1e-4; the final codes
+            # differ on core 0.16.1, not on 0.19.2, and the losses stay equal in fp32: the
+            # difference is below the bf16 resolution of the activations.)
             assert any(k.startswith("main.") for k in diff), diff
 
 
@@ -108,9 +117,10 @@ def test_resume_from_a_checkpoint_saved_without_the_plugin(runs, fix):
         if fix:
             assert diff == [], (rank, diff[:8])
         else:
+            # stale weights (core < 0.18) or gathered gradients read as weights (later cores: NaN)
             assert f"train loss {SAVE_AT + 1}" in diff, diff[:8]
             loss = SAVE_AT + 1
-            assert abs(run["resumed"].train_losses[loss] - run["full"].train_losses[loss]) > 1e-3
+            assert not abs(run["resumed"].train_losses[loss] - run["full"].train_losses[loss]) <= 1e-3
 
 
 def test_passive_where_the_first_step_gathers_the_main_params(runs):
