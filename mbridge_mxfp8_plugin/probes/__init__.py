@@ -1,10 +1,13 @@
-"""What the installed megatron-core and training loops already do right.
+"""What the installed releases are and do: the one place in the plugin that knows a release.
 
 One record per thing probed: :class:`CoreBehaviour` (megatron-core's param sync, from the
-imported classes or from the installed files), :class:`BridgeLoopBehaviour` (a training loop's
-staging), :class:`HazardBehaviour` (the known hazards the plugin cannot repair),
-:class:`InstalledStack` (the release pair, for the config check), plus one version
-reader. Nothing here imports torch or megatron-core at import time.
+imported classes or from the installed files), :class:`BridgeLoopBehaviour` (what Bridge's and
+Megatron-LM's training loops do at forced syncs, :mod:`.loops`), :class:`HazardBehaviour` (the
+known hazards the plugin cannot repair), :class:`InstalledStack` (the release pair, for the config
+check), plus one version reader. For the config check: :mod:`.fields` (the installed config
+classes' fields and annotations), :mod:`.bridge_facts` (per-release Bridge facts: written down
+where its files cannot say, read where they can), :mod:`.recipe_source` (what a recipe function
+sets). Nothing here imports torch or megatron-core at import time.
 """
 
 from __future__ import annotations
