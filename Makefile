@@ -29,7 +29,8 @@ test:
 	bash .ci/test-all.sh
 
 # The fast tier: tests/unit, every single-process test (no spawned ranks: the engine's state machine
-# against fakes of megatron-core, every config rule, the config column, the CLI, packaging): about 100 s of CPU.
+# against fakes of megatron-core, every config rule, the config column, the CLI, packaging): about
+# 100 s of CPU.
 # Reuses an existing venv as it is (a stale stamp would reinstall); creates one only if missing.
 test-fast:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(STAMP)
