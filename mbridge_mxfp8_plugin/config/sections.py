@@ -11,12 +11,14 @@ warning that names the classes tried.
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any
 
 from .._yamltypes import suggest
 from ..options import PLUGIN_SECTION, PluginOptions, option_problem, option_types
 from ..probes.bridge_facts import (
+    BRIDGE_SECTION_EXTRAS,
     CONFIG_SECTIONS,
     HYDRA_KEYS,
     MIXED_PRECISION_FIELDS,
@@ -48,9 +50,11 @@ def _schema(view: ConfigView, name: str, data: Any) -> SectionFields:
     if target is None and name == "model" and view.base_recipe is not None and view.base_recipe.provider:
         return target_fields(view.base_recipe.provider)
     found = section_fields(name, target)
-    if found.fields is None and name in ("ddp", "optimizer") and core_fields(name) is not None:
-        # No Bridge here: megatron-core's class, which Bridge's subclass may extend.
-        return SectionFields(f"megatron-core's {name} config", core_fields(name), False)
+    core = core_fields(name) if found.fields is None and name in BRIDGE_SECTION_EXTRAS else None
+    if core is not None:
+        # No Bridge here: megatron-core's class plus the fields Bridge's subclass adds (known).
+        typed = ChainMap(BRIDGE_SECTION_EXTRAS[name], core)  # annotations still converted lazily
+        return SectionFields(f"megatron-core's {name} config (+ Bridge's fields)", typed, True)  # type: ignore[arg-type]
     return found
 
 

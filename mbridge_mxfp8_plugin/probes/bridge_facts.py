@@ -22,6 +22,7 @@ from .loops import bridge_training_dir
 from .versions import installed_version
 
 __all__ = [
+    "BRIDGE_SECTION_EXTRAS",
     "CONFIG_SECTIONS",
     "HYDRA_KEYS",
     "MIXED_PRECISION_FIELDS",
@@ -150,6 +151,13 @@ MP_OWNED_KNOBS: dict[str, tuple[str, ...]] = {
     "fp8_recipe": ("optimizer", "model"),
     "fp8": ("model",),
     "fp8_param": ("model",),
+}
+
+#: Fields Bridge's own ``ddp`` / ``optimizer`` subclasses add to megatron-core's classes (read
+#: from 0.3.1 ... main: 0.5 adds one to the DDP config), for when Bridge is not installed here.
+BRIDGE_SECTION_EXTRAS: dict[str, dict[str, Any]] = {
+    "ddp": {"param_name_patterns_for_fp32_local_accumulation": list},
+    "optimizer": {},
 }
 
 #: Model knobs the rules read, with their types: the fallback when the installed provider
