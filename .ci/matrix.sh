@@ -157,7 +157,8 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
         echo "[$cell] Megatron-Bridge's real pretrain() ($(disk))"
         # shellcheck disable=SC2086
         if PYTHONPATH=.matrix/$cell MXFP8_MATRIX_CELL=$cell MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 \
-            "$py" -m pytest -q -p no:cacheprovider tests/bridge_real/test_bridge_real.py -k "not pipeline" \
+            "$py" -m pytest -q -p no:cacheprovider tests/bridge_real/test_bridge_real.py \
+            tests/bridge_real/test_resume_real.py -k "not pipeline" \
             ${MATRIX_PYTEST_ARGS:-}; then
             RESULT[$cell]="${RESULT[$cell]}, real pretrain passed ($((SECONDS - t1)) s)"
         else

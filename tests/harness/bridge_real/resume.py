@@ -56,3 +56,37 @@ def resume_fix(on: bool) -> Iterator[None]:
         yield
     finally:
         resume_mod.rederive_after_load = saved
+
+
+@contextlib.contextmanager
+def dequantize_before_load() -> Iterator[None]:
+    """megatron-core 0.19's torch_dist loader dequantizes quantized params one tensor at a time
+    while it reads (``stream_ckpt_dequant``, on by default), but only with Transformer Engine
+    imported and the param on CUDA; on a CPU host with the kit's TE-shaped params it would read
+    the file straight into the quantized param. Off here, core dequantizes every quantized param
+    before the read (``force_all_tensors_to_non_fp8``, what releases < 0.19 always do), and the
+    load writes the bf16 values back through each param's ``copy_``: the same re-quantization of
+    the same bf16 values as TE's streaming path. Only for the TE-shaped kind (the value-holding
+    param takes the load as it is); nothing to do on cores without the knob."""
+    from mbridge_mxfp8_plugin.testing import param_kind
+
+    try:
+        from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
+    except ImportError:
+        yield
+        return
+    if param_kind() != "te":
+        yield
+        return
+    init = TorchDistLoadShardedStrategy.__init__
+
+    def without_streaming(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if hasattr(self, "stream_ckpt_dequant"):
+            self.stream_ckpt_dequant = False
+
+    TorchDistLoadShardedStrategy.__init__ = without_streaming  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        TorchDistLoadShardedStrategy.__init__ = init  # type: ignore[method-assign]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from harness.bridge_real.config import JobSpec, build_config
-from harness.bridge_real.resume import final_tensors, plant_band, resume_fix
+from harness.bridge_real.resume import dequantize_before_load, final_tensors, plant_band, resume_fix
 
 MXFP8_WEIGHTS = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight")
 
@@ -317,6 +317,7 @@ def _run_one(spec: JobSpec) -> RankResult:
     with (
         meter.counting(),
         resume_fix(spec.resume_fix),
+        dequantize_before_load(),
         recording_param_syncs(sink),
         _recording_gathers_after_forced_syncs(result.gathers_after_forced_sync),
     ):
