@@ -44,6 +44,14 @@ __all__ = ["read_mixed_precision", "read_plugin", "read_recipe_sections"]
 _HOW = " (name the base recipe with check --recipe, or give the section a _target_, to check it)"
 
 
+def _how(view: ConfigView, name: str) -> str:
+    """How to make a key of an open section checkable (or why ``--recipe`` did not)."""
+    base = view.base_recipe
+    if name == "model" and base is not None and not base.provider:
+        return f" (recipe {base.name}: {base.provider_why}; give model a _target_ to check it)"
+    return _HOW
+
+
 def _schema(view: ConfigView, name: str, data: Any) -> SectionFields:
     """The fields ``name`` is checked against, and whether its class is known (``fixed``)."""
     target = str(data["_target_"]) if isinstance(data, Mapping) and "_target_" in data else None
@@ -87,7 +95,9 @@ def read_section(view: ConfigView, name: str, data: Any, knobs: Mapping[str, Any
         if key in HYDRA_KEYS and name in view.targets:
             continue  # consumed by Hydra's instantiate(), not a field
         if schema is not None and key not in schema:
-            issue = unknown_key(name, key, value, schema, found.owner, fixed=found.fixed, how=_HOW)
+            issue = unknown_key(
+                name, key, value, schema, found.owner, fixed=found.fixed, how=_how(view, name)
+            )
             view.issues.append(issue)
             if issue.severity == "error":
                 continue
