@@ -1,15 +1,12 @@
 """The engine: make the model's weights right around forced param syncs (defects B and C).
 
-It acts on megatron-core objects only (DDP model chunks, bucket groups, distributed optimizers);
-every read or write of megatron-core's param-sync state lives here (copies planned in
-:mod:`.plan`, offsets repaired in :mod:`.buckets`). It imports no training framework and calls
-none: a loop tells it what is about to happen, one method per event. It does ask
-:func:`~mbridge_mxfp8_plugin.probes.probe_live_loop` whether an already imported Bridge or
-Megatron-LM loop stages before every forced sync, because that decides whether it has work at
-all. Where the loop stages before every forced sync and core does the rest
-(:attr:`ParamSyncEngine.passive`), every event returns at once (no collective, staging or write;
-an optimizer-less eval still marks the groups synced); where Megatron-FSDP or the LayerWise
-optimizer owns the param sync (:attr:`ParamSyncEngine.owner`), the engine never acts.
+It acts on megatron-core objects only (DDP chunks, bucket groups, distributed optimizers), and
+every read or write of their param-sync state lives here (copies planned in :mod:`.plan`, offsets
+in :mod:`.buckets`). It imports no training framework: a loop calls one method per event. It only
+asks :func:`~mbridge_mxfp8_plugin.probes.probe_live_loop` whether an imported Bridge or Megatron-LM
+loop stages before every forced sync; then, core doing the rest, every event returns at once
+(:attr:`ParamSyncEngine.passive`; an optimizer-less eval still marks the groups synced). Where
+Megatron-FSDP or LayerWise (Muon) owns the param sync (:attr:`ParamSyncEngine.owner`), it never acts.
 
 * :meth:`ParamSyncEngine.prepare` once per job (probe, repair offsets, plan the copies);
   :meth:`ParamSyncEngine.step_started` when a training step begins;
