@@ -122,6 +122,8 @@ class EffectiveConfig:
         """Why a knob's value is not known here: not stated, an interpolation into the base
         recipe, or stated (in ``where``) but overwritten by comm_overlap with a dp-size
         dependent default."""
+        if v.path in self.view.invalid_paths or (where and where in self.view.invalid_paths):
+            return "is written but rejected (see MX101/MX102), so its value is not judged here"
         if v.path in self.view.base_refs:
             expr = self.view.base_refs[v.path]
             if expr == "???":

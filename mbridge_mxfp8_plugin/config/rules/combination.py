@@ -17,7 +17,8 @@ from ._base import _found, _na, _pass, _rule, _settled, _violation
 def _mx001(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
     recipe, fpg, reuse = ctx.fp8_recipe(), ctx.ddp("fp8_param_gather"), ctx.reuse()
     if not (recipe.known and fpg.known):
-        return _na(rule, "fp8_recipe / fp8_param_gather not set by this config", recipe.path)
+        unknown = recipe if not recipe.known else fpg
+        return _na(rule, f"{unknown.path} {ctx.why_unknown(unknown)}", unknown.path)
     if recipe.value != "mxfp8" or not fpg.value:
         return _pass(rule, "not an MXFP8 param-gather config", recipe.path, recipe.value)
     if ctx.fsdp().known and ctx.fsdp().value:
