@@ -47,13 +47,14 @@ def tiny_gpt_config() -> Any:
     return cfg
 
 
-@contextlib.contextmanager
-def _mxfp8_mixed_precision_without_te() -> Iterator[None]:
+def _mxfp8_mixed_precision_without_te() -> contextlib.AbstractContextManager[None]:
     """Bridge's ``MixedPrecisionConfig.setup`` as it is, except that the model is not asked for
     Transformer Engine's fp8 (``fp8``, ``fp8_param``: TE autocast and fp8 model init, absent on
     CPU). The emulated MXFP8 params of the pre-wrap hook stand in for TE's fp8 model init; the
     ddp and optimizer knobs (fp8 param gather, grad-buffer reuse) are set exactly as on GPUs."""
     from megatron.bridge.training.mixed_precision import MixedPrecisionConfig
+
+    from harness.bridge_cpu import patched
 
     setup = MixedPrecisionConfig.setup
 
@@ -62,11 +63,7 @@ def _mxfp8_mixed_precision_without_te() -> Iterator[None]:
         model_config.fp8 = None
         model_config.fp8_param = False
 
-    MixedPrecisionConfig.setup = cpu_setup  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        MixedPrecisionConfig.setup = setup  # type: ignore[method-assign]
+    return patched([(MixedPrecisionConfig, "setup", cpu_setup)])
 
 
 @dataclass
