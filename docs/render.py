@@ -351,6 +351,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "plugin-full": plugin_full,
     },
     "docs/layout.md": {"layers": layers_table},
+    "docs/check.md": {"check-speed": check_speed},
 }
 
 
