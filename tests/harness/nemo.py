@@ -155,7 +155,7 @@ def build(mode: str) -> tuple[Any, Any, Any]:
     from nemo.collections import llm
     from nemo.collections.common.tokenizers.null_tokenizer import NullTokenizer
 
-    from harness.bridge_cpu import NO_CPU_FUSIONS
+    from harness.bridge_cpu import NO_CPU_FUSIONS, reuse_mode_knobs
 
     mx = mode != "reference"
 
@@ -260,35 +260,17 @@ def build(mode: str) -> tuple[Any, Any, Any]:
         pin_memory=False,
         create_attention_mask=True,
     )
-    optim = nl.MegatronOptimizerModule(
-        config=OptimizerConfig(
-            optimizer="adam",
-            lr=3e-3,
-            weight_decay=0.0,
-            bf16=True,
-            params_dtype=torch.bfloat16,
-            use_distributed_optimizer=True,
-            overlap_param_gather=True,
-            fp8_recipe="mxfp8" if mx else None,
-            reuse_grad_buf_for_mxfp8_param_ag=mx,
-            clip_grad=0.0,
-        )
-    )
+    optimizer_config = OptimizerConfig(**reuse_mode_knobs(mx)[1], lr=3e-3, clip_grad=0.0)
+    optim = nl.MegatronOptimizerModule(config=optimizer_config)
     return model, data, optim
 
 
 def ddp_config(mode: str) -> Any:
     from megatron.core.distributed import DistributedDataParallelConfig
 
-    mx = mode != "reference"
-    return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=True,
-        overlap_param_gather=True,
-        use_distributed_optimizer=True,
-        fp8_param_gather=mx,
-        reuse_grad_buf_for_mxfp8_param_ag=mx,
-    )
+    from harness.bridge_cpu import reuse_mode_knobs
+
+    return DistributedDataParallelConfig(**reuse_mode_knobs(mode != "reference")[0])
 
 
 def precision_plugin(mode: str) -> Any:
@@ -446,31 +428,30 @@ class _LossRecorder(_loss_recorder_base()):  # type: ignore[misc]
     def __init__(self) -> None:
         self.out: dict[str, Any] = {"train": [], "val": [], "test": None}
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.out["train"].append((int(trainer.global_step), dp_mean(loss)))
+    @staticmethod
+    def _loss(outputs: Any) -> float:
+        return dp_mean(outputs["loss"] if isinstance(outputs, dict) else outputs)
 
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        self.out["train"].append((int(trainer.global_step), self._loss(outputs)))
+
+    # A validation and a test never overlap: one list of batch losses serves both.
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        self._val: list[float] = []
+        self._losses: list[float] = []
 
     def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, *args: Any) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self._val.append(dp_mean(loss))
+        self._losses.append(self._loss(outputs))
+
+    on_test_start = on_validation_start
+    on_test_batch_end = on_validation_batch_end
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         # (step, fitting, mean loss): validate() before fit is (0, False, ...).
         fitting = bool(trainer.state.fn == "fit")
-        self.out["val"].append((int(trainer.global_step), fitting, sum(self._val) / len(self._val)))
-
-    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
-        self._test: list[float] = []
-
-    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, *args: Any) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self._test.append(dp_mean(loss))
+        self.out["val"].append((int(trainer.global_step), fitting, sum(self._losses) / len(self._losses)))
 
     def on_test_end(self, trainer: Any, pl_module: Any) -> None:
-        self.out["test"] = sum(self._test) / len(self._test)
+        self.out["test"] = sum(self._losses) / len(self._losses)
 
 
 # ---------------------------------------------------------------- ranks
