@@ -249,6 +249,14 @@ class EngineHolder:
         start re-derives the params from the loaded main params, unless the loop does (F)."""
         self._resume.loaded()
 
+    def _step_started(self, engine: ParamSyncEngine, event: str) -> None:
+        """A training step starts: undo a forced sync's dispatch state (C), then, on the first
+        step after a load, re-derive the params (F) - after, so the groups stay synced."""
+        stats = engine.step_started()
+        if stats.groups_reset:
+            self._record(event, stats)
+        self._first_step_after_load(engine)
+
     def _first_step_after_load(self, engine: ParamSyncEngine | None) -> None:
         """A step starts: if it is the first after a load, re-derive the params once (F)."""
         stats = self._resume.before_first_step(engine)

@@ -182,11 +182,7 @@ class MXFP8ParamSyncCallback(EngineHolder):
         engine = self._engine(context)
         if engine is None:
             return
-        stats = engine.step_started()
-        if stats.groups_reset:
-            self._record("on_train_step_start", stats)
-        # After step_started: the re-derivation leaves the groups synced for this step (F).
-        self._first_step_after_load(engine)
+        self._step_started(engine, "on_train_step_start")
 
     def on_train_step_end(self, context: Any) -> None:
         engine = self._engine(context)

@@ -222,11 +222,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
             return
         # Safety net: a checkpoint save (or any forced sync) since the last step fires no hook
         # afterwards; without this reset the step would skip its gather (C).
-        stats = engine.step_started()
-        if stats.groups_reset:
-            self._record("on_train_batch_start", stats)
-        # The first batch after a resume that runs with the pre-hooks off (F).
-        self._first_step_after_load(engine)
+        self._step_started(engine, "on_train_batch_start")
 
     def on_megatron_microbatches_start(self, step: Any = None, **kwargs: Any) -> None:
         """NeMo 2 ``MegatronParallel`` event: after ``zero_grad_buffer()``, before the first forward.

@@ -62,10 +62,11 @@ class SyncOwner:
     owner: str
     #: the class that was found (qualified name), or the attribute that said so
     found: str
+    #: why the plugin must stay out of its way (filled from the owner)
+    why: str = ""
 
-    @property
-    def why(self) -> str:
-        return _WHY[self.owner]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "why", _WHY[self.owner])
 
     def message(self) -> str:
         """The one line every entry point logs (rank zero) when it stays passive."""

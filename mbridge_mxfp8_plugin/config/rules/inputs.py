@@ -23,25 +23,32 @@ def _issues(ctx: EffectiveConfig, rule: Rule, kind: IssueKind) -> RuleResult | N
 
 @_rule("MX101", "known sections and keys")
 def _mx101(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
-    found = _issues(ctx, rule, "unknown_key")
-    unchecked = sorted(set(ctx.view.unchecked_sections))
-    if found is not None:
-        return found
-    if unchecked:
-        # Vouch only for what was read against a class: the rest is listed, not passed.
-        names = ", ".join(f"{s}.*" for s in unchecked)
-        return _na(rule, f"keys of {names} not checked (see below); no unknown key in the others")
-    return _pass(rule, "every section and key is a field of the class Bridge builds")
+    # Vouch only for what was read against a class: the rest is listed, not passed.
+    names = ", ".join(f"{s}.*" for s in sorted(set(ctx.view.unchecked_sections)))
+    return _read_against_classes(
+        ctx, rule, "unknown_key",
+        f"keys of {names} not checked (see below); no unknown key in the others",
+        "every section and key is a field of the class Bridge builds",
+    )  # fmt: skip
 
 
 @_rule("MX102", "knob types and values")
 def _mx102(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
-    found = _issues(ctx, rule, "wrong_type")
+    return _read_against_classes(
+        ctx, rule, "wrong_type",
+        "values of sections whose class is unreadable here were not checked (see below)",
+        "every value fits its field's type in the installed release",
+    )  # fmt: skip
+
+
+def _read_against_classes(
+    ctx: EffectiveConfig, rule: Rule, kind: IssueKind, not_read: str, ok: str
+) -> RuleResult:
+    """What the reader found of ``kind``; else n/a where a section's class was unreadable."""
+    found = _issues(ctx, rule, kind)
     if found is not None:
         return found
-    if ctx.view.unchecked_sections:
-        return _na(rule, "values of sections whose class is unreadable here were not checked (see below)")
-    return _pass(rule, "every value fits its field's type in the installed release")
+    return _na(rule, not_read) if ctx.view.unchecked_sections else _pass(rule, ok)
 
 
 @_rule("MX103", "mixed-precision recipe name")
