@@ -8,15 +8,13 @@ loop stages before every forced sync; then, core doing the rest, every event ret
 (:attr:`ParamSyncEngine.passive`; an optimizer-less eval still marks the groups synced). Where
 Megatron-FSDP or LayerWise (Muon) owns the param sync (:attr:`ParamSyncEngine.owner`), it never acts.
 
-* :meth:`ParamSyncEngine.prepare` once per job (probe, repair offsets, plan the copies);
-  :meth:`ParamSyncEngine.step_started` when a training step begins;
-* :meth:`ParamSyncEngine.stage_for_step` before a step's forwards, for loops that never stage (NeMo 2);
-* :meth:`ParamSyncEngine.before_forced_sync` right before the loop forces a param sync with no hook
-  between it and the reader; :meth:`ParamSyncEngine.refresh_for_save` before a save that may not;
-* :meth:`ParamSyncEngine.before_eval` / :meth:`ParamSyncEngine.after_forced_sync` around eval, test, save;
-  :meth:`ParamSyncEngine.training_ended` after the loop's closing forced sync;
-* :meth:`ParamSyncEngine.refresh_weights` when something outside training reads the weights;
-  :meth:`ParamSyncEngine.forced_sync_unobserved` after a forced sync no event announced.
+Events (methods of :class:`ParamSyncEngine`): ``prepare`` once per job (probe, repair offsets, plan
+copies); ``step_started`` when a step begins; ``stage_for_step`` before a step's forwards where the
+loop never stages (NeMo 2); ``before_forced_sync`` right before a forced sync with no hook between it
+and the reader, ``refresh_for_save`` before a save that may not; ``before_eval`` /
+``after_forced_sync`` around eval, test, save; ``training_ended`` after the loop's closing sync;
+``refresh_weights`` when something outside training reads the weights; ``forced_sync_unobserved``
+after a forced sync no event announced.
 
 Background (reuse mode): an MXFP8 bucket's bf16 ``param_data`` is a view of its grad buffer,
 which holds reduced gradients between the optimizer step and the next forward until someone
