@@ -247,6 +247,14 @@ def loop_order(loop: str | LoopOrder | None = None) -> LoopOrder:
     )
 
 
+def replica_release(installed: str) -> str:
+    """The replica's order for an installed Bridge release: its own, or the newest the replica
+    knows for a newer Bridge (main, 0.7.0-dev), which the callers then hold to that order."""
+    newest = max(LOOP_ORDERS, key=lambda r: tuple(map(int, r.split("."))))
+    minor = tuple(map(int, installed.split("+")[0].split(".")[:2]))
+    return newest if minor > tuple(map(int, newest.split(".")[:2])) else installed
+
+
 def _make_state(schedule: LoopSchedule, order: LoopOrder | None = None) -> Any:
     """The slice of Bridge's ``GlobalState`` that callbacks read (``state.cfg``, ``state.train_state``)."""
     order = order or loop_order()

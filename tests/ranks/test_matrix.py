@@ -223,7 +223,7 @@ def test_eval_only_job() -> None:
 
 def test_replica_loop_order_agrees_with_installed_bridge_source() -> None:
     """The replica's per-release switches, checked against the installed Bridge's own train.py/eval.py."""
-    from harness.bridge_loop import loop_order
+    from harness.bridge_loop import loop_order, replica_release
 
     from mbridge_mxfp8_plugin.probes import probe_bridge_files
 
@@ -233,9 +233,7 @@ def test_replica_loop_order_agrees_with_installed_bridge_source() -> None:
         pytest.skip("no megatron-bridge installed")
     probe = probe_bridge_files()
     assert probe is not None
-    # A Bridge newer than the replica's newest order (main: 0.7.0-dev) must keep that order.
-    newer = tuple(map(int, _minor(installed).split("."))) > (0, 6)
-    order = loop_order("0.6.2" if newer else installed)
+    order = loop_order(replica_release(installed))  # a newer Bridge (main) must keep the newest order
     assert probe.on_train_start_before_initial_disable == order.on_train_start_before_disable
     assert probe.stages_before_eval == (order.stage_before_eval or order.optimizer_prepares_sync)
     assert probe.stages_before_every_forced_sync == order.optimizer_prepares_sync
