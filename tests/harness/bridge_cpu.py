@@ -51,6 +51,7 @@ __all__ = ["NO_CPU_FUSIONS", "bridge_on_cpu", "cpu_cuda_rng", "reuse_mode_knobs"
 
 #: Model-config knobs both real frameworks' CPU runs turn off: each names a fused CUDA/TE kernel
 #: (or, persist_layer_norm, Apex's) that has no CPU implementation.
+# Constructor keywords, alike in shape to others on purpose (duplicates lists them): data.
 NO_CPU_FUSIONS: dict[str, bool] = dict(
     gradient_accumulation_fusion=False,
     masked_softmax_fusion=False,

@@ -102,6 +102,7 @@ def _fit(
         accelerator="cpu",
         devices=1,
         strategy=classes["ResumableStrategy"](device=torch.device("cpu")),
+        # Constructor keywords, alike in shape to others on purpose (duplicates lists them): data.
         max_epochs=-1,
         max_steps=steps,
         limit_val_batches=len(val),

@@ -21,6 +21,7 @@ RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 TINY = ROOT / "recipes" / "tiny_debug_mxfp8.yaml"
 
 #: megatron-core <= 0.16 + Bridge 0.3: defects A, B1, C; Bridge does not call prepare_...().
+# Constructor keywords, alike in shape to others on purpose (duplicates lists them): data.
 DEFECTIVE = InstalledStack(
     core=CoreBehaviour(
         forced_sync_writes_back=False,

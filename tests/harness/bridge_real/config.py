@@ -26,6 +26,7 @@ class JobSpec:
     """What one real-pretrain run does. ``mode``: reference | mxfp8 (plugin off) | aligned (plugin
     off, offsets repaired) | plugin."""
 
+    # Job fields, alike in shape to LoopSchedule's on purpose (duplicates lists them): data, no logic.
     mode: str
     train_iters: int = 6
     eval_interval: int = 3
@@ -82,6 +83,7 @@ def build_config(spec: JobSpec, world_size: int) -> Any:
     dp = world_size // spec.pp
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     model = GPTModelProvider(
+        # Constructor keywords, alike in shape to others on purpose (duplicates lists them): data.
         **_kw(
             GPTModelProvider,
             num_layers=LAYERS if spec.pp == 1 else spec.pp * (spec.vp or 1),

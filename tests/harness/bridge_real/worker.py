@@ -147,6 +147,7 @@ class _Recorder:
     def on_eval_start(self, ctx: Any) -> None:
         self._ev("on_eval_start")
 
+    # on_eval_end / on_test_end alike on purpose (duplicates lists them): one record field each.
     def on_eval_end(self, ctx: Any) -> None:
         self._ev("on_eval_end")
         loss = (ctx.total_loss_dict or {}).get("lm loss")  # only the last pipeline stage has losses
