@@ -31,6 +31,10 @@ from .read import BLOCK, Blocks, reader_for
 
 __all__ = ["Reference", "make_reference", "self_check"]
 
+#: Rows of the probe write per batch key: the self-check and, on a CUDA device, the measured
+#: bytes the write allocates per element (which sizes the batches).
+PROBE_ROWS = 8192
+
 Write = Callable[[Any, torch.Tensor], None]
 
 
@@ -65,6 +69,7 @@ class Reference:
             if hasattr(q, "set_usage"):
                 q.set_usage(rowwise=True, columnwise=False)  # the column-wise copy is not compared
             self.quantizer = q
+        self._kept: tuple[tuple[int, int], Any, Any, Any] | None = None
 
     def _empty(self, shape: tuple[int, int], device: Any) -> Any:
         """A small instance of the param's type and configuration."""
@@ -74,6 +79,30 @@ class Reference:
                 return q.make_empty(shape, dtype=self.dtype, device=device)
             return q.quantize(torch.zeros(shape, dtype=self.dtype, device=device))
         return torch.empty(shape, dtype=self.dtype, device=device).as_subclass(type(self.param))
+
+    def codes(self, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rows`` (``(n, 32)``, ``n`` a multiple of 32, the first ``k`` the blocks compared)
+        written into an instance of the type, kept for the next batch of that shape (the write
+        overwrites every code and scale of its row-wise copy); returns the codes ``(k, 32)``
+        and scale bytes ``(k,)`` as views. Equal bytes mean equal values; the caller compares
+        values only where bytes differ."""
+        shape = (rows.shape[0], BLOCK)
+        if self._kept is None or self._kept[0] != shape:
+            self._kept = None  # free the old instance before the new one is made
+            self._kept = (shape, self._empty(shape, rows.device), None, None)
+        _, small, data, views = self._kept
+        self.write(small, rows)
+        if views is None or views[0] != k or getattr(small, "_rowwise_data", None) is not data:
+            reader = reader_for(small)  # read after the write: a write may rebind the buffers
+            if isinstance(reader, str) or reader.scales is None:
+                raise TypeError(reader if isinstance(reader, str) else "the small instance holds no codes")
+            scales = reader.scales.view(-1, reader.scale_cols)[:k, 0]
+            views = (k, reader.flat.view(shape)[:k], scales)
+            self._kept = (shape, small, getattr(small, "_rowwise_data", None), views)
+        return views[1], views[2]
+
+    def release(self) -> None:
+        self._kept = None
 
     def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """``rows`` (``(k, 32)`` blocks of the main shard, already rounded as the gather moves

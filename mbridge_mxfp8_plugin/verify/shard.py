@@ -17,18 +17,25 @@ import torch
 
 from ..errors import MXFP8UsageError
 from .read import BLOCK, Blocks, Reader, decode
-from .reference import Reference, make_reference, self_check
+from .reference import PROBE_ROWS, Reference, make_reference, self_check
 from .report import ParamMismatch, WeightReport
 
 __all__ = ["Owned", "ShardCheck", "first_sampled", "stride_of"]
 
-#: Extra bytes per compared element at a batch's peak, which sizes a batch from the memory
-#: budget. Counted on the kit's TE-shaped type: the decoded blocks and the rounded main blocks
-#: (2 + 2, after transients of 5 and 6), the reference instance's codes (1), and the larger of
-#: its cast's temporaries (about 13 for the emulated TE-rule cast) and its dequantize's (about
-#: 14: fp32 values and scales); about 19 in all. TE's fused kernels need less. The margin keeps
-#: a 4B model's sampled check under 64 MiB even where 1% of its param bytes is more.
+#: Extra bytes per compared element at a batch's peak where values are compared (bf16 params,
+#: value-holding MXFP8 types): both sides, the reference instance and its cast's temporaries
+#: (about 19 with the kit's emulated cast), plus a margin.
 BYTES_PER_ELEMENT = 32
+#: Where codes and scales are compared (see ``_flush_codes``), the peak is the write: the
+#: rounded main blocks (2 bytes, or 4 unrounded), the reference's codes (1) and the write's own
+#: temporaries, measured per batch key on a CUDA device (the caching allocator's cumulative
+#: count over a probe write: an upper bound of its peak), else the kit's emulated cast's (13).
+#: After it the rows are freed; the param's gathered codes (1) and the verdict (1/8) are less.
+_DEFAULT_TRANSIENTS = 13.0
+_MARGIN = 1.1
+#: Measured write temporaries per element, per type, configuration and quantizer function (a
+#: process-wide cache: reading the allocator's statistics costs a few hundred microseconds).
+_TRANSIENTS: dict[tuple[Any, ...], float] = {}
 
 
 @dataclass
@@ -73,6 +80,7 @@ class _Item:
     start: int  # the shard's first element: main[i - start] is the param's element i
     blocks: Blocks
     tail: tuple[torch.Tensor, torch.Tensor] | None = None  # a bf16 shard's last, short run
+    mxfp8_codes: bool = False  # an MXFP8 param read from codes and scales: compared by bytes
 
 
 @dataclass
@@ -88,9 +96,11 @@ class _Batch:
 class ShardCheck:
     """The shard check of one ``verify_weights`` call."""
 
-    def __init__(self, report: WeightReport, atol: float, stride: int, offset: int, batch_elements: int):
+    def __init__(self, report: WeightReport, atol: float, stride: int, offset: int, budget_bytes: int):
         self.report, self.atol, self.stride, self.offset = report, atol, stride, offset
-        self.batch_blocks = max(BLOCK, batch_elements // BLOCK)
+        self.budget = budget_bytes
+        self.capacity: dict[tuple[Any, ...], int] = {}  # batch key -> blocks per batch
+        self.empty: dict[tuple[Any, ...], int] = {}  # batch key -> params with no block to compare
         self.batches: dict[tuple[Any, ...], _Batch] = {}
         self.slots: list[_Slot] = []
         self.references: dict[tuple[Any, ...], Reference] = {}
@@ -115,24 +125,29 @@ class ShardCheck:
         if mxfp8:
             blocks, whole = self._mxfp8_blocks(param, s, e)
             self.slots.append(_Slot(name, blocks.elements(), (e - s) - whole))
-            item = _Item(slot, reader, main, s, blocks)
+            item = _Item(slot, reader, main, s, blocks, mxfp8_codes=reader.scales is not None)
         else:
             item = self._plain_item(slot, reader, main, s, e)
             tail = (e - s) % BLOCK if item.tail is not None else 0
             self.slots.append(_Slot(name, item.blocks.count * BLOCK + tail, 0))
+        if item.blocks.count == 0 and item.tail is None:
+            self.empty[key] = self.empty.get(key, 0) + 1  # no whole block here: nothing to compare
+            return
+        cap = self.capacity.get(key) or self._capacity(key, param, item, round_to)
         if key in self.refused:
             self.slots[slot].unchecked = self.refused[key]
             return
         batch = self.batches.get(key) or self.batches.setdefault(key, _Batch(key, param, mxfp8, round_to))
         lo = 0
         while True:  # split a param across batches where it does not fit
-            room = self.batch_blocks - batch.blocks
+            room = cap - batch.blocks
             part = item.blocks.part(lo, min(room, item.blocks.count - lo))
             last = lo + part.count >= item.blocks.count
-            batch.items.append(_Item(slot, reader, main, s, part, item.tail if last else None))
+            run_tail = item.tail if last else None
+            batch.items.append(_Item(slot, reader, main, s, part, run_tail, item.mxfp8_codes))
             batch.blocks += part.count
             lo += part.count
-            if batch.blocks >= self.batch_blocks:
+            if batch.blocks >= cap:
                 self._flush(key)
                 batch = self.batches.setdefault(key, _Batch(key, param, mxfp8, round_to))
             if last:
@@ -200,12 +215,95 @@ class ShardCheck:
         want, small = reference(rows)
         return got_all, want.to(got_all.device), small
 
+    def _capacity(self, key: tuple[Any, ...], param: Any, item: _Item, round_to: torch.dtype | None) -> int:
+        """Blocks per batch of ``key``, from the budget. For codes, a probe write of the first
+        blocks (at most ``PROBE_ROWS``) checks the reading against the type's own
+        ``dequantize`` (else the key is refused) and measures the write's temporaries."""
+        cap = max(BLOCK, self.budget // (BYTES_PER_ELEMENT * BLOCK))
+        if not item.mxfp8_codes:
+            self.capacity[key] = cap
+            return cap
+        try:
+            reference = self.references[key] = make_reference(param)
+            n = min(item.blocks.count, PROBE_ROWS)
+            rows = _padded_rows(item.main, n, round_to)
+            rows[:n].copy_(item.blocks.part(0, n).take(item.main, -item.start))
+            small = reference._empty((rows.shape[0], BLOCK), rows.device)
+            update = getattr(type(reference.quantizer), "update_quantized", None)
+            measured = key + (rows.device, reference.path, update)
+            known = _TRANSIENTS.get(measured)
+            before = _allocated(rows.device) if known is None else None
+            reference.write(small, rows)
+            after = _allocated(rows.device) if before is not None else None
+            if not hasattr(small, "dequantize"):
+                raise _Refused(f"{type(small).__name__} has no dequantize() to check its reading against")
+            with torch._C.DisableTorchFunctionSubclass():
+                want = torch.Tensor.to(small.dequantize(), param.dtype)[:n]
+            reason = self_check(reference, small, want)
+            if reason:
+                raise _Refused(reason)
+            self.trusted.add(key)
+            transients = _DEFAULT_TRANSIENTS if known is None else known
+            if before is not None and after is not None:
+                transients = _TRANSIENTS[measured] = (after - before) / rows.numel()
+            per_element = _MARGIN * (rows.element_size() + 1 + transients) + 0.25
+            cap = max(BLOCK, int(self.budget / (per_element * BLOCK)) // BLOCK * BLOCK)
+        except Exception as exc:  # noqa: BLE001 - the rank must still join the all-reduce
+            self.refused[key] = str(exc) if isinstance(exc, _Refused) else _why_type(param, exc)
+        self.capacity[key] = cap
+        return cap
+
+    def _main_rows(self, batch: _Batch) -> torch.Tensor:
+        """The batch's main blocks as the gather delivers them, ``(k, 32)`` contiguous, zero
+        rows appended up to whole 32-row tiles (TE quantizes whole tiles; a zero row is a block
+        of its own): one rounding copy per param."""
+        items = batch.items
+        if len(items) == 1 and batch.blocks % BLOCK == 0:
+            it = items[0]
+            return _rounded(it.blocks.take(it.main, -it.start), batch.round_to).contiguous()
+        rows = _padded_rows(items[0].main, batch.blocks, batch.round_to)
+        r = 0
+        for it in items:
+            rows[r : r + it.blocks.count].copy_(it.blocks.take(it.main, -it.start))
+            r += it.blocks.count
+        return rows
+
+    def _got_bytes(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The param's codes ``(k, 32)`` and scale bytes ``(k,)``: views where one param fills
+        the batch, else one gathering copy per param."""
+        items = batch.items
+        if len(items) == 1:
+            return items[0].blocks.take(items[0].reader.flat), _scales_of(items[0])
+        flat = items[0].reader.flat
+        codes = torch.empty((batch.blocks, BLOCK), dtype=flat.dtype, device=flat.device)
+        scales = torch.empty((batch.blocks,), dtype=torch.uint8, device=flat.device)
+        r = 0
+        for it in items:
+            codes[r : r + it.blocks.count].copy_(it.blocks.take(it.reader.flat))
+            scales[r : r + it.blocks.count].copy_(_scales_of(it))
+            r += it.blocks.count
+        return codes, scales
+
+    def _flush_codes(self, batch: _Batch) -> None:
+        """Codes and scale bytes of the reference against the param's: equal bytes are equal
+        values. A batch with differing bytes is compared by value in ``finish`` (a checkpoint
+        load re-quantizes about 5% of blocks to other bytes with the same values)."""
+        rows = self._main_rows(batch)
+        codes, scales = self.references[batch.key].codes(rows, batch.blocks)
+        del rows
+        got_codes, got_scales = self._got_bytes(batch)
+        self.verdicts.append((batch, _differ(codes, got_codes)))
+        self.verdicts.append((batch, torch.ne(scales, got_scales).any()))
+
     def _flush(self, key: tuple[Any, ...]) -> None:
         """Compare one batch; the verdict stays on the device (no host sync per batch)."""
         batch = self.batches.pop(key, None)
         if batch is None or not batch.items:
             return
         try:
+            if batch.items[0].mxfp8_codes:
+                self._flush_codes(batch)
+                return
             got, want, small = self._sides(batch)
             if small is not None and key not in self.trusted:
                 reason = self_check(self.references[key], small, want)
@@ -229,28 +327,56 @@ class ShardCheck:
         the report."""
         for key in list(self.batches):
             self._flush(key)
+        for reference in self.references.values():
+            reference.release()
         if self.verdicts:
             failed = torch.stack([d for _, d in self.verdicts]).tolist()
+            done: set[int] = set()
             for (batch, _), bad in zip(self.verdicts, failed, strict=True):
-                if bad:
+                if bad and id(batch) not in done:
+                    done.add(id(batch))
                     self._attribute(batch)
         self._tally(max_names)
 
+    def _attribute_codes(self, batch: _Batch) -> None:
+        """Values of a batch whose bytes differ, param by param, a bounded chunk at a time."""
+        rows = self._main_rows(batch)
+        reference = self.references[batch.key]
+        codes, scales = reference.codes(rows, batch.blocks)
+        del rows
+        element, dtype = batch.items[0].reader.element, batch.param.dtype
+        chunk = max(1, self.budget // (16 * BLOCK))
+        r = 0
+        for it in batch.items:
+            got_codes, got_scales = it.blocks.take(it.reader.flat), _scales_of(it)
+            for c0 in range(0, it.blocks.count, chunk):
+                c1 = min(it.blocks.count, c0 + chunk)
+                got = decode(got_codes[c0:c1], got_scales[c0:c1], element, dtype)
+                want = decode(codes[r + c0 : r + c1], scales[r + c0 : r + c1], element, dtype)
+                self._count(it.slot, got, want)
+            r += it.blocks.count
+        reference.release()
+
     def _attribute(self, batch: _Batch) -> None:
+        if batch.items[0].mxfp8_codes:
+            self._attribute_codes(batch)
+            return
         got, want, _ = self._sides(batch)
         row = 0
         for it in batch.items:
             rows = it.blocks.count + (it.tail is not None)
-            g, w = got[row : row + rows], want[row : row + rows]
+            self._count(it.slot, got[row : row + rows], want[row : row + rows])
             row += rows
-            if g.numel() == 0 or torch.equal(g, w):
-                continue
-            diff = (g.float() - w.float()).abs()
-            count = int((~(diff <= self.atol)).sum())  # NaN counts as a difference
-            slot = self.slots[it.slot]
-            slot.differing += count
-            if count:
-                slot.worst = max(slot.worst, float(diff.nan_to_num(nan=float("inf")).max()))
+
+    def _count(self, slot_id: int, g: torch.Tensor, w: torch.Tensor) -> None:
+        if g.numel() == 0 or torch.equal(g, w):
+            return
+        diff = (g.float() - w.float()).abs()
+        count = int((~(diff <= self.atol)).sum())  # NaN counts as a difference
+        slot = self.slots[slot_id]
+        slot.differing += count
+        if count:
+            slot.worst = max(slot.worst, float(diff.nan_to_num(nan=float("inf")).max()))
 
     def _tally(self, max_names: int) -> None:
         report = self.report
@@ -268,12 +394,41 @@ class ShardCheck:
         for key, reference in self.references.items():
             if key not in self.refused:
                 params = {s for b, _ in self.verdicts if b.key == key for s in (it.slot for it in b.items)}
-                report.count_path(f"{reference.path}, read {key[-1]}", len(params))
+                report.count_path(f"{reference.path}, read {key[-1]}", len(params) + self.empty.get(key, 0))
 
 
 def _scales_of(item: _Item) -> torch.Tensor:
     assert item.reader.scales is not None
     return item.blocks.take_scales(item.reader.scales, item.reader.scale_cols)
+
+
+def _rounded(main: torch.Tensor, round_to: torch.dtype | None) -> torch.Tensor:
+    return main.to(round_to) if round_to is not None else main
+
+
+def _padded_rows(main: torch.Tensor, k: int, round_to: torch.dtype | None) -> torch.Tensor:
+    """An uninitialised ``(k, 32)`` batch of rows with zero rows up to a multiple of 32."""
+    pad = (-k) % BLOCK
+    rows = torch.empty((k + pad, BLOCK), dtype=round_to or main.dtype, device=main.device)
+    if pad:
+        rows[k:].zero_()
+    return rows
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Whether any byte differs (0-d, on the device): 8 bytes per compare where the layout lets."""
+    try:
+        a, b = a.view(torch.int64), b.view(torch.int64)
+    except RuntimeError:
+        pass
+    return torch.ne(a, b).any()
+
+
+def _allocated(device: torch.device) -> int | None:
+    """Bytes the caching allocator has handed out so far (cumulative: no reset of anyone's peak)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)) or None
 
 
 def _cat(pieces: list[torch.Tensor]) -> torch.Tensor:
@@ -285,5 +440,8 @@ class _Refused(Exception):
 
 
 def _why(batch: _Batch, exc: Exception) -> str:
-    kind = type(batch.param).__name__
-    return f"no same-type reference for {kind} ({type(exc).__name__}: {exc})"
+    return _why_type(batch.param, exc)
+
+
+def _why_type(param: Any, exc: Exception) -> str:
+    return f"no same-type reference for {type(param).__name__} ({type(exc).__name__}: {exc})"

@@ -15,12 +15,13 @@ from ..plan import distributed_optimizers
 from .read import Reader, reader_for
 from .replica import fold_sources, group_size, reduce_folds, row_sums
 from .report import WeightReport
-from .shard import BYTES_PER_ELEMENT, Owned, ShardCheck, stride_of
+from .shard import Owned, ShardCheck, stride_of
 
 __all__ = ["verify_weights"]
 
-#: The check's extra memory: at least this, or ``_BUDGET_FRACTION`` of the param bytes the rank
-#: holds where that is more (a large model's batches may be larger; nothing else grows with it).
+#: The check's extra memory: this for a sampled check; a full check (``sample=1.0``) may use
+#: ``_BUDGET_FRACTION`` of the param bytes the rank holds where that is more (fewer, larger
+#: batches where there are many; nothing else grows with the model).
 _BUDGET_BYTES = 64 << 20
 _BUDGET_FRACTION = 0.01
 
@@ -74,9 +75,11 @@ def _unchecked_reason(param: Any, own: Owned, fp8: bool, mxfp8: bool) -> str:
     return ""
 
 
-def _batch_elements(chunks: list[Any]) -> int:
+def _budget_bytes(chunks: list[Any], stride: int) -> int:
+    if stride > 1:
+        return _BUDGET_BYTES
     held = sum(p.numel() * p.element_size() for _, p in _buffer_params(chunks))
-    return int(max(_BUDGET_BYTES, _BUDGET_FRACTION * held)) // BYTES_PER_ELEMENT
+    return int(max(_BUDGET_BYTES, _BUDGET_FRACTION * held))
 
 
 def verify_weights(
@@ -119,7 +122,7 @@ def verify_weights(
         report.note = (report.note + "; " if report.note else "") + (
             "a param all-gather is in flight: this describes the weights before it lands"
         )
-    check = ShardCheck(report, atol, stride, offset, _batch_elements(chunks))
+    check = ShardCheck(report, atol, stride, offset, _budget_bytes(chunks, stride))
     hashes: dict[int, tuple[Any, list[list[torch.Tensor]], list[str]]] = {}
     device = _walk(chunks, owned, check, hashes, stride, offset)
     check.finish(max_names)
