@@ -1,10 +1,11 @@
 """Transformer Engine's MXFP8 cast (row-wise and column-wise), as pure tensor functions (torch only).
 
-A leaf of the package so that the weight verifier (:mod:`mbridge_mxfp8_plugin.verify`) can
-quantize a reference where the param offers no quantizer of its own, without importing the test
-kit; the kit's emulated param (:mod:`mbridge_mxfp8_plugin.testing.emulated_mxfp8`) writes through
-the same function and re-exports it, so the two cannot drift. tests/unit/test_emulation.py pins it on
-crafted blocks worked out from TE's kernel behaviour.
+A leaf of the package so that both of the test kit's MXFP8 params (the values-holding
+:mod:`mbridge_mxfp8_plugin.testing.emulated_mxfp8`, which re-exports it, and the TE-shaped
+:mod:`mbridge_mxfp8_plugin.testing.te_mxfp8`) write through one function and cannot drift, and so
+that the weight verifier can read the block geometry (:data:`MXFP8_BLOCK`) without importing the
+kit; the verifier's reference itself is each param type's own write path.
+tests/unit/test_emulation.py pins the rule on crafted blocks worked out from TE's kernel behaviour.
 
 The rule, per block of 32 consecutive elements along the last dimension:
 

@@ -1,4 +1,4 @@
-"""One view over the three shapes a training config arrives in, with Bridge's precedence applied.
+"""One view over the three shapes a training config arrives in: what is written, not yet who wins.
 
 Where a knob's value is decided, in two steps: :func:`read_config` here reads what is written
 (and judges each value after the conversion the installed Bridge applies);

@@ -2,7 +2,7 @@
 
 Each answer comes from the code that decides the behaviour (the method that holds a fix, the
 validation that rejects a combination), never from a version string: a vendor backport counts
-as fixed, a regression is not masked. Read as text, like :mod:`.core` and :mod:`.bridge`, so
+as fixed, a regression is not masked. Read as text, like :mod:`.core` and :mod:`.loops`, so
 ``check`` and ``doctor`` pay no torch / megatron-core / Bridge import. ``None`` everywhere means
 "that package is not installed, or the code that decides it was not found".
 """

@@ -14,8 +14,8 @@ flags) and relies on four behaviours, all reproduced here:
 
 Numerics: Transformer Engine's rowwise E4M3 MXFP8 cast (its ``float_to_e8m0`` rule, not the OCP
 MX spec's ``floor(log2(amax)) - 8``), from the package's leaf module
-:mod:`mbridge_mxfp8_plugin.mxfp8_cast`, which states the rule; re-exported here, so the kit and
-the plugin's weight verifier round identically.
+:mod:`mbridge_mxfp8_plugin.mxfp8_cast`, which states the rule and which the kit's TE-shaped param
+writes through too; re-exported here.
 
 :func:`mxfp8_cast` returns the E4M3 elements and the E8M0 exponent bytes, :func:`mxfp8_quantize`
 the values. What is *not* emulated: TE's columnwise copy (32x1 blocks down the first dimension,
