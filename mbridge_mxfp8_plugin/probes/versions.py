@@ -9,7 +9,8 @@ alone would then say "not installed" for a Bridge that imports fine, or name a r
 is shadowed by another copy. So :func:`package_origin` starts from the directory
 ``import megatron.bridge`` would load and asks who owns it: the dist-info beside it whose
 ``RECORD`` lists it, an editable install pointing at it, or nobody (its ``package_info.py``).
-Everything is read as text: ``check`` has a one-second budget and must not import torch.
+Everything is read as text: ``check`` aims at 0.25 s a file (``benchmarks/check_speed.py``) and
+must not import torch.
 """
 
 from __future__ import annotations
