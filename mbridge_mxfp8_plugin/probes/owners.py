@@ -156,7 +156,8 @@ def model_sync_owner(model_chunks: Sequence[Any] | None) -> SyncOwner | None:
                 own = vars(obj)
             except TypeError:
                 continue
-            config = own.get("ddp_config")
+            # getattr: NeMo's wrappers forward ddp_config from the wrapped module
+            config = getattr(obj, "ddp_config", None)
             if config is not None and getattr(config, "use_megatron_fsdp", False):
                 return SyncOwner(MEGATRON_FSDP, f"{type(obj).__name__}.ddp_config.use_megatron_fsdp=True")
             if isinstance(own.get("buffers"), (list, tuple)) and _layer_wise_marks(obj):

@@ -67,3 +67,38 @@ def test_owner_files_agree_with_the_imported_classes() -> None:
     wrappers = [c for c in fsdp_classes() if c.__name__.startswith("FullyShardedDataParallel")]
     assert files.megatron_fsdp == bool(wrappers)
     assert files.layer_wise or not files.layer_wise_on_ddp_buffers
+
+
+def test_gate_sees_through_wrappers_and_nested_chains() -> None:
+    """NeMo's wrappers forward ``ddp_config`` from the module they wrap (not in their own
+    ``__dict__``); a LayerWise optimizer may sit in a chain inside a chain. A plain DDP-like chunk
+    and an optimizer without LayerWise are nobody's (the DDP path the plugin fixes)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mbridge_mxfp8_plugin.probes.owners import model_sync_owner, optimizer_sync_owner
+
+    class Forwarding(torch.nn.Module):
+        def __init__(self, fsdp: bool) -> None:
+            super().__init__()
+            self.fsdp = fsdp
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            if name == "ddp_config":
+                return SimpleNamespace(use_megatron_fsdp=self.fsdp)
+            return super().__getattr__(name)
+
+    owner = model_sync_owner([Forwarding(True)])
+    assert owner is not None and owner.owner == "Megatron-FSDP"
+    assert model_sync_owner([Forwarding(False)]) is None
+    (layer_wise_cls,) = layer_wise_classes() or (None,)
+    if layer_wise_cls is None:
+        assert optimizer_sync_owner(SimpleNamespace(chained_optimizers=[])) is None
+        return
+    nested = SimpleNamespace(
+        chained_optimizers=[SimpleNamespace(chained_optimizers=[layer_wise_cls.__new__(layer_wise_cls)])]
+    )
+    found = optimizer_sync_owner(nested)
+    assert found is not None and found.found.endswith("LayerWiseDistributedOptimizer")
+    assert optimizer_sync_owner(SimpleNamespace(chained_optimizers=[SimpleNamespace()])) is None
