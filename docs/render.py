@@ -298,6 +298,20 @@ def verify_te_table() -> str:
     return "\n".join(out) + "\n"
 
 
+def verify_te_ratio() -> str:
+    """The 4B ratios of the newest verifier run, as a sentence fragment."""
+    rows = [r for r in json.loads(VERIFY_RESULTS.read_text())["rows"] if r["size"] == "4B"]
+
+    def span(key: str) -> str:
+        lo, hi = min(r[key] for r in rows), max(r[key] for r in rows)
+        return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+
+    return (
+        f"sampled {span('ratio_sampled_vs_eval_onepass')}x, full {span('ratio_full_vs_eval_onepass')}x "
+        f"an eval transition with the one-pass cast at 4B"
+    )
+
+
 def layering_tables(source: str) -> tuple[dict[str, int], tuple[str, ...]]:
     """``LAYERS`` and ``SAME_LAYER_OK`` as written in ``tests/unit/test_layering.py``'s source."""
     found: dict[str, Any] = {}
@@ -335,7 +349,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "hazards": hazards_table,
         "options": options_yaml,
         "api-calls": api_calls,
-        "verify-ratio": verify_ratio,
+        "verify-te-ratio": verify_te_ratio,
         "recipes": recipe_names,
     },
     "docs/launch.md": {"options": options_list},
@@ -345,6 +359,8 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "targets": targets_table,
         "verify-table": verify_table,
         "verify-ratio": verify_ratio,
+        "verify-te-table": verify_te_table,
+        "verify-te-ratio": verify_te_ratio,
         "emulated-ratio": emulated_ratio,
         "hooks-us": hooks_us,
         "host-refresh": host_refresh,
