@@ -41,6 +41,8 @@ def specs_for(root: Path, *, with_aligned: bool, **overrides: Any) -> dict[str, 
         save_interval=None,
         load_dir=str(root / "plugin"),
         ckpt_step=SAVE_INTERVAL,
+        # As a real MXFP8 job states it: Bridge >= 0.6 keys its MXFP8-resume path on it (F).
+        model_fp8_recipe="mxfp8",
     )
     # Saves between evaluations (eval at 2, 4, 6; save at 3; the final save at 6; then the test):
     # the schedule in which the plugin once re-gathered on core 0.19 + Bridge 0.6 (issue 20).
