@@ -41,10 +41,12 @@ test-fast:
 # Then the release-order, verifier and exit-save tests again with the kit's TE-shaped MXFP8 param
 # (MXFP8_PARAM_KIND=te), so the Transformer Engine branches of core and of the plugin run too
 # (.ci/matrix.sh does the same in core0192).
+# tests/unit too when run alone; `make test` runs it once, as the fast tier (MAIN_TIERS="tests/ranks tests/bridge_real").
+MAIN_TIERS ?= tests/unit tests/ranks tests/bridge_real
 test-main: $(STAMP)
 	NO_VCS_VERSION=1 $(VENV)/bin/mxfp8-plugin doctor
 	MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs --durations=15 \
-		tests/unit tests/ranks tests/bridge_real
+		$(MAIN_TIERS)
 	MXFP8_PARAM_KIND=te NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -m matrix \
 		tests/ranks/test_matrix.py tests/ranks/test_verify.py tests/ranks/test_exit_saves.py
 

@@ -32,7 +32,8 @@ nemo_setup=$!
 # The fast tier first (tests/unit, ~100 s of CPU, one process): a broken engine or rule shows before the long tiers.
 tier test-fast "$MAKE" --no-print-directory test-fast
 tier lint "$MAKE" --no-print-directory lint
-tier test-main "$MAKE" --no-print-directory test-main
+# The main suite without tests/unit, which the fast tier has just run (CI time).
+tier test-main "$MAKE" --no-print-directory test-main MAIN_TIERS="tests/ranks tests/bridge_real"
 
 phase "waiting for the background installs"
 for job in "matrix:$matrix_setup" "nemo:$nemo_setup"; do
