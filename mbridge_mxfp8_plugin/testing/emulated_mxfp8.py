@@ -43,11 +43,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
 from ..mxfp8_cast import mxfp8_cast, mxfp8_quantize
+from ._registry import registered_in_fp8_utils
 from .te_mxfp8 import TEShapedMXFP8Quantizer, make_te_mxfp8_param, te_shaped_mxfp8
 
 __all__ = [
@@ -140,9 +140,6 @@ def make_mxfp8_param(init_values: torch.Tensor) -> torch.nn.Parameter:
     return param
 
 
-_GLOBALS = ("HAVE_TE_FP8_TENSOR_CLASS", "FP8_TENSOR_CLASS", "HAVE_TE_MXFP8TENSOR", "MXFP8Tensor")
-
-
 @contextlib.contextmanager
 def emulated_mxfp8() -> Iterator[None]:
     """Register the emulated classes in ``megatron.core.fp8_utils`` (reversible).
@@ -154,18 +151,8 @@ def emulated_mxfp8() -> Iterator[None]:
         with te_shaped_mxfp8():
             yield
         return
-    from megatron.core import fp8_utils
-
-    saved: dict[str, Any] = {name: getattr(fp8_utils, name, None) for name in _GLOBALS}
-    fp8_utils.HAVE_TE_FP8_TENSOR_CLASS = True
-    fp8_utils.FP8_TENSOR_CLASS = EmulatedQuantizedTensor
-    fp8_utils.HAVE_TE_MXFP8TENSOR = True
-    fp8_utils.MXFP8Tensor = EmulatedMXFP8Tensor
-    try:
+    with registered_in_fp8_utils(EmulatedQuantizedTensor, EmulatedMXFP8Tensor):
         yield
-    finally:
-        for name, value in saved.items():
-            setattr(fp8_utils, name, value)
 
 
 def mxfp8_reference_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 
 from ..mxfp8_cast import MXFP8_BLOCK, mxfp8_cast, mxfp8_cast_columnwise, mxfp8_decode
+from ._registry import registered_in_fp8_utils
 from .te_quantized import TEShapedQuantizedTensor, _plain_values, _swaps_2d, _TransposedView
 
 __all__ = [
@@ -264,15 +265,8 @@ class TEShapedMXFP8Tensor(TEShapedQuantizedTensor):
         return self
 
     def get_metadata(self) -> dict[str, Any]:
-        return {
-            "rowwise_data": self._rowwise_data,
-            "rowwise_scale_inv": self._rowwise_scale_inv,
-            "columnwise_data": self._columnwise_data,
-            "columnwise_scale_inv": self._columnwise_scale_inv,
-            "fp8_dtype": self._fp8_dtype,
-            "quantizer": self._quantizer,
-            "with_gemm_swizzled_scales": self._with_gemm_swizzled_scales,
-        }
+        """TE's constructor keywords, each from the attribute of the same name with a ``_``."""
+        return {key: getattr(self, f"_{key}") for key in _METADATA}
 
     @classmethod
     def make_like(
@@ -403,22 +397,16 @@ def make_te_mxfp8_param(init_values: torch.Tensor) -> torch.nn.Parameter:
     return param
 
 
-_GLOBALS = ("HAVE_TE_FP8_TENSOR_CLASS", "FP8_TENSOR_CLASS", "HAVE_TE_MXFP8TENSOR", "MXFP8Tensor")
+#: TE's MXFP8 tensor keywords (``get_metadata``), stored as ``_<name>`` attributes.
+_METADATA = (
+    "rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv",
+    "fp8_dtype", "quantizer", "with_gemm_swizzled_scales",
+)  # fmt: skip
 
 
 @contextlib.contextmanager
 def te_shaped_mxfp8() -> Iterator[None]:
     """Register the TE-shaped classes in ``megatron.core.fp8_utils`` (reversible): its
     ``is_float8tensor`` / ``is_mxfp8tensor`` read these globals at call time."""
-    from megatron.core import fp8_utils
-
-    saved: dict[str, Any] = {name: getattr(fp8_utils, name, None) for name in _GLOBALS}
-    fp8_utils.HAVE_TE_FP8_TENSOR_CLASS = True
-    fp8_utils.FP8_TENSOR_CLASS = TEShapedQuantizedTensor
-    fp8_utils.HAVE_TE_MXFP8TENSOR = True
-    fp8_utils.MXFP8Tensor = TEShapedMXFP8Tensor
-    try:
+    with registered_in_fp8_utils(TEShapedQuantizedTensor, TEShapedMXFP8Tensor):
         yield
-    finally:
-        for name, value in saved.items():
-            setattr(fp8_utils, name, value)
