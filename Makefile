@@ -38,7 +38,7 @@ test-fast:
 
 # Every tier this venv can run: unit, ranks, bridge_real (tests/nemo runs in .venv-nemo, tests/gpu on
 # a 2-GPU host). The doctor's report heads the log: which torch / megatron-core / bridge it ran against.
-# Then the release-order, verifier and exit-save tests again with the kit's TE-shaped MXFP8 param
+# Then the release-order and verifier tests again with the kit's TE-shaped MXFP8 param
 # (MXFP8_PARAM_KIND=te), so the Transformer Engine branches of core and of the plugin run too
 # (.ci/matrix.sh does the same in core0192).
 # tests/unit too when run alone; `make test` runs it once, as the fast tier (MAIN_TIERS="tests/ranks tests/bridge_real").
@@ -48,7 +48,7 @@ test-main: $(STAMP)
 	MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs --durations=15 \
 		$(MAIN_TIERS)
 	MXFP8_PARAM_KIND=te NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -m matrix \
-		tests/ranks/test_matrix.py tests/ranks/test_verify.py tests/ranks/test_exit_saves.py
+		tests/ranks/test_matrix.py tests/ranks/test_verify.py
 
 matrix:
 	bash .ci/matrix.sh core0140 core0153 core0171 core0182 core0192

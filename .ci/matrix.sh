@@ -29,7 +29,10 @@ declare -A CELL=(
 ORDER=(core0140 core0153 core0161 core0171 core0182 core0192)
 # Cells whose Bridge release also runs its own pretrain() (tests/bridge_real/test_bridge_real.py): the pairs users run.
 # Their extra packages (transformers, nvidia-modelopt, ...) are in the 3.12 base venv. The 4-rank
-# pipeline-parallel run (PP=2 x DP=2, VP=2) runs in the main tier only, to keep CI time.
+# pipeline-parallel run (PP=2 x DP=2, VP=2) and the defect-F resume comparison with real torch_dist
+# checkpoints (tests/bridge_real/test_resume_real.py, three launches) run in the main tier only, to
+# keep CI time; the cells' own resume job (test_bridge_real's resume run) still asserts per event
+# what the plugin does after a load (re-derive where F bites, nothing on Bridge 0.6).
 declare -A REAL_PRETRAIN=([core0171]=1 [core0182]=1 [core0192]=1)
 # Cells whose release-order, verifier and exit-save tests run a second time with the kit's TE-shaped
 # MXFP8 param (MXFP8_PARAM_KIND=te: codes and scales in both directions, a _quantizer), so the
@@ -157,8 +160,7 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
         echo "[$cell] Megatron-Bridge's real pretrain() ($(disk))"
         # shellcheck disable=SC2086
         if PYTHONPATH=.matrix/$cell MXFP8_MATRIX_CELL=$cell MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 \
-            "$py" -m pytest -q -p no:cacheprovider tests/bridge_real/test_bridge_real.py \
-            tests/bridge_real/test_resume_real.py -k "not pipeline" \
+            "$py" -m pytest -q -p no:cacheprovider tests/bridge_real/test_bridge_real.py -k "not pipeline" \
             ${MATRIX_PYTEST_ARGS:-}; then
             RESULT[$cell]="${RESULT[$cell]}, real pretrain passed ($((SECONDS - t1)) s)"
         else
