@@ -82,6 +82,8 @@ class OCPQuantizedTensor(torch.Tensor):
         return out
 
 
+# Alike in shape to the kit's EmulatedMXFP8Tensor on purpose (duplicates lists the pair): this third
+# emulation must share no code with the kit, so a verifier that leaned on the kit's rule would show.
 class OCPMXFP8Tensor(OCPQuantizedTensor):
     """Registered as ``fp8_utils.MXFP8Tensor``; holds its OCP-rounded values in bf16."""
 
