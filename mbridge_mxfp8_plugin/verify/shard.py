@@ -10,6 +10,7 @@ end; only a failed batch is compared again param by param, to name the params.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,8 +57,9 @@ def stride_of(sample: float) -> int:
 
 def first_sampled(offset: int, stride: int, blocks: int) -> int:
     """The first sampled block of ``blocks``: rotates with ``offset`` over ``min(stride, blocks)``
-    phases, so every block is visited within ``stride`` calls and every param yields one."""
-    return offset % max(1, min(stride, blocks))
+    phases, so every block is visited within ``stride`` calls and every param yields one. It
+    depends on ``offset % stride`` only, so a check's plan repeats every ``stride`` calls."""
+    return (offset % stride) % max(1, min(stride, blocks))
 
 
 @dataclass
@@ -79,8 +81,35 @@ class _Item:
     main: torch.Tensor
     start: int  # the shard's first element: main[i - start] is the param's element i
     blocks: Blocks
-    tail: tuple[torch.Tensor, torch.Tensor] | None = None  # a bf16 shard's last, short run
+    tail: tuple[torch.Tensor, torch.Tensor] | None = None  # a bf16 shard's last, short run (views)
     mxfp8_codes: bool = False  # an MXFP8 param read from codes and scales: compared by bytes
+    _views: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def got(self) -> torch.Tensor:
+        """The param's blocks (values, or codes), ``(count, 32)``."""
+        return self._view("got", lambda: self.blocks.take(self.reader.flat))
+
+    def want(self) -> torch.Tensor:
+        """The main shard's blocks, ``(count, 32)``."""
+        return self._view("want", lambda: self.blocks.take(self.main, -self.start))
+
+    def scales(self) -> torch.Tensor:
+        """The E8M0 byte of each block, ``(count,)``."""
+        assert self.reader.scales is not None
+        scales, cols = self.reader.scales, self.reader.scale_cols
+        strided = cols == self.blocks.per_row  # else an index gather: a copy
+        return self._view("scales", lambda: self.blocks.take_scales(scales, cols), strided)
+
+    def _view(self, which: str, make: Callable[[], torch.Tensor], strided: bool = True) -> torch.Tensor:
+        """Strided views are kept for the plan's next use (they read the current bits); a
+        gather (a ragged row's zero-padded blocks, padded scale rows) is a copy, so it is taken
+        anew every time."""
+        view = self._views.get(which)
+        if view is None:
+            view = make()
+            if strided and self.blocks.aligned:
+                self._views[which] = view
+        return view
 
 
 @dataclass
@@ -94,7 +123,13 @@ class _Batch:
 
 
 class ShardCheck:
-    """The shard check of one ``verify_weights`` call."""
+    """The shard check of one ``verify_weights`` call, and its plan for the next ones.
+
+    ``add`` only plans: the batches hold views of the params and main shards, nothing read yet.
+    ``finish`` reads and compares them. A later call over the same tensors and the same sampled
+    phase reuses the plan (``restart``): the host cost of working out blocks, readers, batch keys
+    and capacities per param is paid once, not at every check.
+    """
 
     def __init__(self, report: WeightReport, atol: float, stride: int, offset: int, budget_bytes: int):
         self.report, self.atol, self.stride, self.offset = report, atol, stride, offset
@@ -107,6 +142,14 @@ class ShardCheck:
         self.refused: dict[tuple[Any, ...], str] = {}  # batch key -> why its type cannot be checked
         self.trusted: set[tuple[Any, ...]] = set()  # keys whose reader passed the self-check
         self.verdicts: list[tuple[_Batch, torch.Tensor]] = []
+        self.planned: list[_Batch] = []  # sealed batches, in the order they are compared
+        self.reusable = True  # False once a compare was refused (the plan is not kept)
+
+    def restart(self, report: WeightReport) -> None:
+        """Ready the same plan for another call: fresh verdicts into ``report``."""
+        self.report, self.verdicts = report, []
+        for slot in self.slots:
+            slot.differing, slot.worst = 0, 0.0
 
     def add(self, name: str, param: Any, reader: Reader, own: Owned, mxfp8: bool) -> None:
         """Queue the sampled blocks of ``param``'s owned slice."""
@@ -148,7 +191,7 @@ class ShardCheck:
             batch.blocks += part.count
             lo += part.count
             if batch.blocks >= cap:
-                self._flush(key)
+                self._seal(key)
                 batch = self.batches.setdefault(key, _Batch(key, param, mxfp8, round_to))
             if last:
                 return
@@ -179,11 +222,7 @@ class ShardCheck:
         blocks = Blocks(BLOCK, first, max(0, -(-(n - first) // self.stride)), self.stride, origin=s)
         tail = None
         if (e - s) % BLOCK and (self.stride == 1 or n == 0):
-            pad = (0, BLOCK - (e - s) % BLOCK)
-            tail = (
-                torch.nn.functional.pad(reader.flat[s + n * BLOCK : e], pad).view(1, BLOCK),
-                torch.nn.functional.pad(main[n * BLOCK : e - s], pad).view(1, BLOCK),
-            )
+            tail = (reader.flat[s + n * BLOCK : e], main[n * BLOCK : e - s])
         return _Item(slot, reader, main, s, blocks, tail)
 
     def _sides(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor, Any]:
@@ -192,15 +231,16 @@ class ShardCheck:
         dtype = batch.param.dtype
         got, main = [], []
         for it in batch.items:
-            got.append(it.blocks.take(it.reader.flat))
-            main.append(it.blocks.take(it.main, -it.start))
-            if it.tail is not None:
-                got.append(it.tail[0])
-                main.append(it.tail[1])
+            got.append(it.got())
+            main.append(it.want())
+            if it.tail is not None:  # padded when read: a plan holds views only
+                pad = (0, BLOCK - it.tail[0].numel())
+                got.append(torch.nn.functional.pad(it.tail[0], pad).view(1, BLOCK))
+                main.append(torch.nn.functional.pad(it.tail[1], pad).view(1, BLOCK))
         got_all = _cat(got)
         reader = batch.items[0].reader  # one kind and element format per batch (its key)
         if reader.scales is not None:
-            scales = _cat([_scales_of(it) for it in batch.items])
+            scales = _cat([it.scales() for it in batch.items])
             got_all = decode(got_all, scales, reader.element, dtype)
         del got
         rows = _cat(main)
@@ -260,12 +300,10 @@ class ShardCheck:
         items = batch.items
         if len(items) == 1 and batch.blocks % BLOCK == 0:
             it = items[0]
-            return _rounded(it.blocks.take(it.main, -it.start), batch.round_to).contiguous()
+            return _rounded(it.want(), batch.round_to).contiguous()
         rows = _padded_rows(items[0].main, batch.blocks, batch.round_to)
-        r = 0
-        for it in items:
-            rows[r : r + it.blocks.count].copy_(it.blocks.take(it.main, -it.start))
-            r += it.blocks.count
+        # One cat into the rounded rows (the copies loop in C++, not here).
+        torch.cat([it.want() for it in items], out=rows[: batch.blocks])
         return rows
 
     def _got_bytes(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,15 +311,12 @@ class ShardCheck:
         the batch, else one gathering copy per param."""
         items = batch.items
         if len(items) == 1:
-            return items[0].blocks.take(items[0].reader.flat), _scales_of(items[0])
+            return items[0].got(), items[0].scales()
         flat = items[0].reader.flat
         codes = torch.empty((batch.blocks, BLOCK), dtype=flat.dtype, device=flat.device)
         scales = torch.empty((batch.blocks,), dtype=torch.uint8, device=flat.device)
-        r = 0
-        for it in items:
-            codes[r : r + it.blocks.count].copy_(it.blocks.take(it.reader.flat))
-            scales[r : r + it.blocks.count].copy_(_scales_of(it))
-            r += it.blocks.count
+        torch.cat([it.got() for it in items], out=codes)
+        torch.cat([it.scales() for it in items], out=scales)
         return codes, scales
 
     def _flush_codes(self, batch: _Batch) -> None:
@@ -295,11 +330,14 @@ class ShardCheck:
         self.verdicts.append((batch, _differ(codes, got_codes)))
         self.verdicts.append((batch, torch.ne(scales, got_scales).any()))
 
-    def _flush(self, key: tuple[Any, ...]) -> None:
-        """Compare one batch; the verdict stays on the device (no host sync per batch)."""
+    def _seal(self, key: tuple[Any, ...]) -> None:
         batch = self.batches.pop(key, None)
-        if batch is None or not batch.items:
-            return
+        if batch is not None and batch.items:
+            self.planned.append(batch)
+
+    def _flush(self, batch: _Batch) -> None:
+        """Compare one batch; the verdict stays on the device (no host sync per batch)."""
+        key = batch.key
         try:
             if batch.items[0].mxfp8_codes:
                 self._flush_codes(batch)
@@ -317,7 +355,7 @@ class ShardCheck:
             self.verdicts.append((batch, differs))
         except Exception as exc:  # noqa: BLE001 - the rank must still join the all-reduce
             reason = str(exc) if isinstance(exc, _Refused) else _why(batch, exc)
-            self.refused[key] = reason
+            self.refused[key], self.reusable = reason, False
             for it in batch.items:
                 self.slots[it.slot].unchecked = reason
 
@@ -326,7 +364,13 @@ class ShardCheck:
         differences of a failed batch to its params (recomputed: the failure path only), and fill
         the report."""
         for key in list(self.batches):
-            self._flush(key)
+            self._seal(key)
+        for batch in self.planned:
+            if batch.key not in self.refused:
+                self._flush(batch)
+                continue
+            for it in batch.items:  # its type was refused by an earlier batch of this call
+                self.slots[it.slot].unchecked = self.refused[batch.key]
         for reference in self.references.values():
             reference.release()
         if self.verdicts:
@@ -348,7 +392,7 @@ class ShardCheck:
         chunk = max(1, self.budget // (16 * BLOCK))
         r = 0
         for it in batch.items:
-            got_codes, got_scales = it.blocks.take(it.reader.flat), _scales_of(it)
+            got_codes, got_scales = it.got(), it.scales()
             for c0 in range(0, it.blocks.count, chunk):
                 c1 = min(it.blocks.count, c0 + chunk)
                 got = decode(got_codes[c0:c1], got_scales[c0:c1], element, dtype)
@@ -395,11 +439,6 @@ class ShardCheck:
             if key not in self.refused:
                 params = {s for b, _ in self.verdicts if b.key == key for s in (it.slot for it in b.items)}
                 report.count_path(f"{reference.path}, read {key[-1]}", len(params) + self.empty.get(key, 0))
-
-
-def _scales_of(item: _Item) -> torch.Tensor:
-    assert item.reader.scales is not None
-    return item.blocks.take_scales(item.reader.scales, item.reader.scale_cols)
 
 
 def _rounded(main: torch.Tensor, round_to: torch.dtype | None) -> torch.Tensor:

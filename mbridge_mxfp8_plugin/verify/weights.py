@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +29,29 @@ _BUDGET_FRACTION = 0.01
 
 #: Calls so far in this process: the default rotation of the sampled blocks.
 _CALLS = itertools.count()
+
+#: Plans kept per optimizer (one per sampled phase: ``stride`` of them for the default rotation).
+_MAX_PLANS = 64
+
+
+@dataclass
+class _Plan:
+    """What a call worked out from the layout alone, kept for the next call over the same
+    tensors and phase: the shard check's batches, the walk's verdicts of ``unchecked``, and the
+    replicated params to fold (their folds read the current bits, so they are taken per call)."""
+
+    check: ShardCheck
+    note: str
+    unchecked: list[str]
+    replicated: list[tuple[Any, str, list[torch.Tensor] | None]] = field(default_factory=list)
+    device: Any = None
+
+
+#: optimizer -> (the fingerprint its plans were made for, the plans by key). A changed fingerprint
+#: drops them all: a stale plan's views would keep moved-away storage alive.
+_PLANS: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], dict[tuple[Any, ...], _Plan]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _owned_shards(optimizer: Any) -> tuple[dict[Any, Owned], str]:
@@ -117,40 +142,119 @@ def verify_weights(
         offset = next(_CALLS)
     report = WeightReport(event=event, sample=1.0 / stride)
     chunks = _model_chunks(model_chunks)
-    owned, report.note = _owned_shards(optimizer)
+    from megatron.core import fp8_utils
+
+    # What else a plan depends on: the phase, the budget, the quantized types core recognises.
+    registered = tuple(getattr(fp8_utils, a, None) for a in _REGISTRY_ATTRS)
+    budget = (_BUDGET_BYTES, _BUDGET_FRACTION)
+    key = (tuple(id(c) for c in chunks), stride, offset % stride, atol, budget, registered)
+    fingerprint = _fingerprint(chunks, optimizer)
+    plans = _plans_of(optimizer, fingerprint)
+    plan = plans.get(key) if plans is not None else None
+    if plan is not None:
+        plan.check.restart(report)
+        report.unchecked.extend(plan.unchecked)
+        report.note = plan.note
+    else:
+        plan = _make_plan(chunks, optimizer, report, atol, stride, offset)
     if any(g.param_gather_handle is not None for ch in chunks for g in _groups(ch)):
         report.note = (report.note + "; " if report.note else "") + (
             "a param all-gather is in flight: this describes the weights before it lands"
         )
-    check = ShardCheck(report, atol, stride, offset, _budget_bytes(chunks, stride))
     hashes: dict[int, tuple[Any, list[list[torch.Tensor]], list[str]]] = {}
-    device = _walk(chunks, owned, check, hashes, stride, offset)
-    check.finish(max_names)
+    for group, name, source in plan.replicated:
+        entry = hashes.setdefault(id(group), (group, [], []))
+        with torch.no_grad():
+            entry[1].append(row_sums(source, stride, offset) if source is not None else [])
+        entry[2].append(name)
+    plan.check.finish(max_names)
+    if plans is not None and plan.check.reusable:
+        if len(plans) >= _MAX_PLANS and key not in plans:
+            plans.clear()
+        plans[key] = plan
     report.params_hashed = sum(len(v[1]) for v in hashes.values())
-    reduce_folds(hashes, report, max_names, device)
+    reduce_folds(hashes, report, max_names, plan.device)
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _walk(
+def _plans_of(optimizer: Any, fingerprint: tuple[Any, ...]) -> dict[tuple[Any, ...], _Plan] | None:
+    """The plans made for this layout, or None where none can be kept."""
+    if not fingerprint:
+        return None
+    try:
+        kept = _PLANS.get(optimizer)
+        if kept is None or kept[0] != fingerprint:
+            kept = _PLANS[optimizer] = (fingerprint, {})
+    except TypeError:  # not weakly referenceable: no plan is kept
+        return None
+    return kept[1]
+
+
+def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
+    """Which tensors, at which addresses, a plan reads: every buffer param (its codes and scales
+    where it holds them) and every main shard. A plan is reused only while this is unchanged, so
+    its views never read memory the params or the optimizer have moved away from. Empty where it
+    cannot be taken (nothing is then reused)."""
+    parts: list[Any] = []
+    try:
+        for _, param in _buffer_params(chunks):
+            data = getattr(param, "_rowwise_data", None)
+            scales = getattr(param, "_rowwise_scale_inv", None)
+            at = (_address(param), _address(data), _address(scales))
+            # What the reader and the batch key read off the param, besides where it is.
+            layout = tuple(getattr(param, a, None) for a in _LAYOUT_ATTRS)
+            parts.append((id(param), type(param), tuple(param.shape), at, layout))
+        for opt in distributed_optimizers(optimizer):
+            for mains in opt.shard_fp32_from_float16_groups:
+                parts.extend((id(m), _address(m)) for m in mains)
+    except (AttributeError, TypeError, RuntimeError):
+        return ()
+    return tuple(parts)
+
+
+_REGISTRY_ATTRS = ("HAVE_TE_FP8_TENSOR_CLASS", "FP8_TENSOR_CLASS", "HAVE_TE_MXFP8TENSOR", "MXFP8Tensor")
+_LAYOUT_ATTRS = ("_fp8_dtype", "_with_gemm_swizzled_scales", "_quantizer")
+
+
+def _address(tensor: Any) -> Any:
+    if not isinstance(tensor, torch.Tensor):
+        return None
+    with torch._C.DisableTorchFunctionSubclass():
+        try:
+            return (id(tensor), torch.Tensor.data_ptr(tensor), torch.Tensor.storage_offset(tensor))
+        except (RuntimeError, NotImplementedError):  # a wrapper subclass without real storage
+            return (id(tensor), None, None)
+
+
+def _make_plan(
     chunks: list[Any],
-    owned: dict[Any, Owned],
-    check: ShardCheck,
-    hashes: dict[int, tuple[Any, list[list[torch.Tensor]], list[str]]],
+    optimizer: Any,
+    report: WeightReport,
+    atol: float,
     stride: int,
     offset: int,
-) -> Any:
-    """Queue every owned param's blocks for the shard check and fold every replicated param;
-    returns the device the folds live on."""
+) -> _Plan:
+    owned, report.note = _owned_shards(optimizer)
+    check = ShardCheck(report, atol, stride, offset, _budget_bytes(chunks, stride))
+    plan = _Plan(check, report.note, [])
+    _walk(chunks, owned, plan)
+    plan.unchecked = list(report.unchecked)
+    return plan
+
+
+def _walk(chunks: list[Any], owned: dict[Any, Owned], plan: _Plan) -> None:
+    """Queue every owned param's blocks for the shard check and list every replicated param's
+    fold sources (the device the folds live on goes into ``plan``)."""
     from megatron.core import fp8_utils
 
+    check = plan.check
     names = {
         p: (f"{c}." if len(chunks) > 1 else "") + n
         for c, ch in enumerate(chunks)
         for n, p in ch.named_parameters()
     }
     sizes: dict[int, int] = {}
-    device: Any = None
     with torch.no_grad():  # views of params and main shards, no autograd bookkeeping
         for group, param in _buffer_params(chunks):
             if id(group) not in sizes:
@@ -159,7 +263,7 @@ def _walk(
             if param not in owned and not replicated:
                 continue
             name = names.get(param) or f"<param {tuple(param.shape)}>"
-            rows: list[torch.Tensor] = []
+            source: list[torch.Tensor] | None = None
             try:
                 fp8 = fp8_utils.is_float8tensor(param)
                 mxfp8 = fp8_utils.is_mxfp8tensor(param)
@@ -174,15 +278,12 @@ def _walk(
                         check.add(name, param, reader, own, mxfp8)  # type: ignore[arg-type]
                 if replicated:
                     source = fold_sources(param, reader)
-                    device = source[0].device
-                    rows = row_sums(source, stride, offset)
+                    plan.device = source[0].device
             except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce
                 check.report.unchecked.append(f"{name}: {type(exc).__name__}: {exc}")
+                check.reusable = False
             if replicated:
-                entry = hashes.setdefault(id(group), (group, [], []))
-                entry[1].append(rows)
-                entry[2].append(name)
-    return device
+                plan.replicated.append((group, name, source))
 
 
 def _plain(param: Any) -> torch.Tensor:
