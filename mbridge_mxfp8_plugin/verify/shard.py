@@ -10,6 +10,7 @@ end; only a failed batch is compared again param by param, to name the params.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from .read import BLOCK, Blocks, Reader, decode
 from .reference import PROBE_ROWS, Reference, make_reference, self_check
 from .report import ParamMismatch, WeightReport
 
-__all__ = ["Owned", "ShardCheck", "first_sampled", "stride_of"]
+__all__ = ["Owned", "Probed", "ShardCheck", "first_sampled", "stride_of"]
 
 #: Extra bytes per compared element at a batch's peak where values are compared (bf16 params,
 #: value-holding MXFP8 types): both sides, the reference instance and its cast's temporaries
@@ -60,6 +61,18 @@ def first_sampled(offset: int, stride: int, blocks: int) -> int:
     phases, so every block is visited within ``stride`` calls and every param yields one. It
     depends on ``offset % stride`` only, so a check's plan repeats every ``stride`` calls."""
     return (offset % stride) % max(1, min(stride, blocks))
+
+
+@dataclass
+class Probed:
+    """What a check learns about each batch key (type, configuration, reader) by probing it: the
+    blocks per batch, whether its reading is trusted or why it is refused, and its reference.
+    Shared by the plans of one layout, so the probe write runs once per key, not per phase."""
+
+    capacity: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    refused: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    trusted: set[tuple[Any, ...]] = field(default_factory=set)
+    references: dict[tuple[Any, ...], Reference] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,19 +144,32 @@ class ShardCheck:
     and capacities per param is paid once, not at every check.
     """
 
-    def __init__(self, report: WeightReport, atol: float, stride: int, offset: int, budget_bytes: int):
+    def __init__(
+        self,
+        report: WeightReport,
+        atol: float,
+        stride: int,
+        offset: int,
+        budget_bytes: int,
+        probed: Probed | None = None,
+    ):
         self.report, self.atol, self.stride, self.offset = report, atol, stride, offset
         self.budget = budget_bytes
-        self.capacity: dict[tuple[Any, ...], int] = {}  # batch key -> blocks per batch
+        probed = probed or Probed()
+        self.capacity = probed.capacity  # batch key -> blocks per batch
         self.empty: dict[tuple[Any, ...], int] = {}  # batch key -> params with no block to compare
         self.batches: dict[tuple[Any, ...], _Batch] = {}
         self.slots: list[_Slot] = []
-        self.references: dict[tuple[Any, ...], Reference] = {}
-        self.refused: dict[tuple[Any, ...], str] = {}  # batch key -> why its type cannot be checked
-        self.trusted: set[tuple[Any, ...]] = set()  # keys whose reader passed the self-check
+        self.references = probed.references
+        self.refused = probed.refused  # batch key -> why its type cannot be checked
+        self.trusted = probed.trusted  # keys whose reader passed the self-check
         self.verdicts: list[tuple[_Batch, torch.Tensor]] = []
         self.planned: list[_Batch] = []  # sealed batches, in the order they are compared
         self.reusable = True  # False once a compare was refused (the plan is not kept)
+        self.runs = 0  # finished calls of this plan
+        self.graph: Any = None  # the compares captured as one CUDA graph (see ``_capture``)
+        self.graph_verdicts: list[tuple[_Batch, torch.Tensor]] = []
+        self.no_graph = ""  # why the compares are not replayed from a graph
 
     def restart(self, report: WeightReport) -> None:
         """Ready the same plan for another call: fresh verdicts into ``report``."""
@@ -335,29 +361,91 @@ class ShardCheck:
         if batch is not None and batch.items:
             self.planned.append(batch)
 
-    def _flush(self, batch: _Batch) -> None:
+    def _compare(self, batch: _Batch) -> None:
         """Compare one batch; the verdict stays on the device (no host sync per batch)."""
-        key = batch.key
+        if batch.items[0].mxfp8_codes:
+            self._flush_codes(batch)
+            return
+        got, want, small = self._sides(batch)
+        if small is not None and batch.key not in self.trusted:
+            reason = self_check(self.references[batch.key], small, want)
+            if reason:
+                raise _Refused(reason)
+            self.trusted.add(batch.key)
+        if self.atol:
+            differs = ~((got.float() - want.float()).abs() <= self.atol).all()
+        else:
+            differs = (got != want).any()  # NaN counts as a difference
+        self.verdicts.append((batch, differs))
+
+    def _flush(self, batch: _Batch) -> None:
         try:
-            if batch.items[0].mxfp8_codes:
-                self._flush_codes(batch)
-                return
-            got, want, small = self._sides(batch)
-            if small is not None and key not in self.trusted:
-                reason = self_check(self.references[key], small, want)
-                if reason:
-                    raise _Refused(reason)
-                self.trusted.add(key)
-            if self.atol:
-                differs = ~((got.float() - want.float()).abs() <= self.atol).all()
-            else:
-                differs = (got != want).any()  # NaN counts as a difference
-            self.verdicts.append((batch, differs))
+            self._compare(batch)
         except Exception as exc:  # noqa: BLE001 - the rank must still join the all-reduce
             reason = str(exc) if isinstance(exc, _Refused) else _why(batch, exc)
-            self.refused[key], self.reusable = reason, False
+            self.refused[batch.key], self.reusable = reason, False
             for it in batch.items:
                 self.slots[it.slot].unchecked = reason
+
+    def _run_eager(self) -> None:
+        for batch in self.planned:
+            if batch.key not in self.refused:
+                self._flush(batch)
+                continue
+            for it in batch.items:  # its type was refused by an earlier batch of this call
+                self.slots[it.slot].unchecked = self.refused[batch.key]
+
+    def _capturable(self) -> bool:
+        """A plan's second run on a CUDA device, with every compare of the first one done."""
+        if self.graph is not None or self.no_graph or self.runs < 1 or not self.reusable:
+            return False
+        if not self.planned or not self.planned[0].items[0].main.is_cuda:
+            return False
+        if os.environ.get("MXFP8_VERIFY_CUDA_GRAPH", "1") == "0":
+            self.no_graph = "MXFP8_VERIFY_CUDA_GRAPH=0"
+            return False
+        return not torch.cuda.is_current_stream_capturing()
+
+    def _capture(self) -> None:
+        """Capture every compare of the plan as one CUDA graph and replay it.
+
+        A reused plan reads the same tensors at the same addresses (``verify_weights`` keeps it
+        only while they are unchanged), so its kernels can be replayed instead of launched one by
+        one: the check then costs its GPU time, not the host's launch and Python time per batch
+        (a full check of a 4B model has ~300 batches). The graphs share one memory pool, which
+        holds one batch's intermediates (the budget) for as long as the plans are kept. Where the
+        param type's write path cannot be captured (a host sync, a host-to-device copy), the
+        reason is kept in ``no_graph`` and the plan runs eagerly."""
+        for reference in self.references.values():
+            reference.release()  # its instance is made inside the capture, in the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        self.verdicts = []
+        # Not ``torch.cuda.graph``: its entry empties the allocator's cache (and collects
+        # garbage), which would cost the training job its cached blocks at every capture.
+        stream, caller = _capture_stream(), torch.cuda.current_stream()
+        stream.wait_stream(caller)
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(pool=_graph_pool(), capture_error_mode="thread_local")
+                try:
+                    for batch in self.planned:
+                        self._compare(batch)
+                    stacked = torch.stack([v for _, v in self.verdicts])
+                finally:
+                    graph.capture_end()
+            caller.wait_stream(stream)
+        except Exception as exc:  # noqa: BLE001 - eager compares judge the same
+            caller.wait_stream(stream)
+            self.no_graph = f"not capturable ({type(exc).__name__}: {exc})"
+            self.verdicts = []
+            for reference in self.references.values():
+                reference.release()
+            self._run_eager()
+            return
+        self.graph = graph
+        self.graph_verdicts = [(batch, stacked[i]) for i, (batch, _) in enumerate(self.verdicts)]
+        graph.replay()
+        self.verdicts = list(self.graph_verdicts)
 
     def finish(self, max_names: int) -> None:
         """Flush what is left, read every batch's verdict in one transfer, attribute the
@@ -365,12 +453,14 @@ class ShardCheck:
         the report."""
         for key in list(self.batches):
             self._seal(key)
-        for batch in self.planned:
-            if batch.key not in self.refused:
-                self._flush(batch)
-                continue
-            for it in batch.items:  # its type was refused by an earlier batch of this call
-                self.slots[it.slot].unchecked = self.refused[batch.key]
+        if self.graph is not None:
+            self.graph.replay()
+            self.verdicts = list(self.graph_verdicts)
+        elif self._capturable():
+            self._capture()
+        else:
+            self._run_eager()
+        self.runs += 1
         for reference in self.references.values():
             reference.release()
         if self.verdicts:
@@ -436,9 +526,10 @@ class ShardCheck:
                 if len(report.shard_mismatches) < max_names:
                     report.shard_mismatches.append(ParamMismatch(slot.name, slot.worst, slot.differing))
         for key, reference in self.references.items():
-            if key not in self.refused:
-                params = {s for b, _ in self.verdicts if b.key == key for s in (it.slot for it in b.items)}
-                report.count_path(f"{reference.path}, read {key[-1]}", len(params) + self.empty.get(key, 0))
+            params = {s for b, _ in self.verdicts if b.key == key for s in (it.slot for it in b.items)}
+            count = len(params) + self.empty.get(key, 0)
+            if key not in self.refused and count:
+                report.count_path(f"{reference.path}, read {key[-1]}", count)
 
 
 def _rounded(main: torch.Tensor, round_to: torch.dtype | None) -> torch.Tensor:
@@ -468,6 +559,28 @@ def _allocated(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return int(torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)) or None
+
+
+_POOLS: dict[int, Any] = {}
+_STREAMS: dict[int, Any] = {}
+
+
+def _capture_stream() -> Any:
+    """One side stream per device for every capture: the allocator reuses a freed block only on
+    the stream it was allocated on, so a new stream per capture would grow the pool each time."""
+    device = torch.cuda.current_device()
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream()
+    return _STREAMS[device]
+
+
+def _graph_pool() -> Any:
+    """One memory pool per device for every plan's graph: they replay one at a time, so each
+    graph's intermediates may reuse another's (outputs stay referenced and are not reused)."""
+    device = torch.cuda.current_device()
+    if device not in _POOLS:
+        _POOLS[device] = torch.cuda.graph_pool_handle()
+    return _POOLS[device]
 
 
 def _cat(pieces: list[torch.Tensor]) -> torch.Tensor:

@@ -17,7 +17,7 @@ from ..plan import distributed_optimizers
 from .read import Reader, reader_for
 from .replica import fold_sources, group_size, reduce_folds, row_sums
 from .report import WeightReport
-from .shard import Owned, ShardCheck, stride_of
+from .shard import Owned, Probed, ShardCheck, stride_of
 
 __all__ = ["verify_weights"]
 
@@ -47,11 +47,23 @@ class _Plan:
     device: Any = None
 
 
-#: optimizer -> (the fingerprint its plans were made for, the plans by key). A changed fingerprint
-#: drops them all: a stale plan's views would keep moved-away storage alive.
-_PLANS: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], dict[tuple[Any, ...], _Plan]]] = (
-    weakref.WeakKeyDictionary()
-)
+@dataclass
+class _Layout:
+    """What every plan of one layout shares: the walk's per-param facts (names, owned shards,
+    readers) and the probes of each batch key. A plan per sampled phase then costs only its
+    block arithmetic and batching."""
+
+    fingerprint: tuple[Any, ...]
+    plans: dict[tuple[Any, ...], _Plan] = field(default_factory=dict)
+    owned: tuple[dict[Any, Owned], str] | None = None
+    names: dict[Any, str] | None = None
+    readers: dict[int, Reader | str] = field(default_factory=dict)
+    probed: dict[int, Probed] = field(default_factory=dict)  # by budget: it sets the capacities
+
+
+#: optimizer -> its layout. A changed fingerprint drops the layout and its plans: a stale plan's
+#: views would keep moved-away storage alive.
+_PLANS: weakref.WeakKeyDictionary[Any, _Layout] = weakref.WeakKeyDictionary()
 
 
 def _owned_shards(optimizer: Any) -> tuple[dict[Any, Owned], str]:
@@ -149,14 +161,15 @@ def verify_weights(
     budget = (_BUDGET_BYTES, _BUDGET_FRACTION)
     key = (tuple(id(c) for c in chunks), stride, offset % stride, atol, budget, registered)
     fingerprint = _fingerprint(chunks, optimizer)
-    plans = _plans_of(optimizer, fingerprint)
+    layout = _layout_of(optimizer, fingerprint)
+    plans = layout.plans if layout is not None else None
     plan = plans.get(key) if plans is not None else None
     if plan is not None:
         plan.check.restart(report)
         report.unchecked.extend(plan.unchecked)
         report.note = plan.note
     else:
-        plan = _make_plan(chunks, optimizer, report, atol, stride, offset)
+        plan = _make_plan(chunks, optimizer, report, atol, stride, offset, layout or _Layout(()))
     if any(g.param_gather_handle is not None for ch in chunks for g in _groups(ch)):
         report.note = (report.note + "; " if report.note else "") + (
             "a param all-gather is in flight: this describes the weights before it lands"
@@ -178,17 +191,17 @@ def verify_weights(
     return report
 
 
-def _plans_of(optimizer: Any, fingerprint: tuple[Any, ...]) -> dict[tuple[Any, ...], _Plan] | None:
-    """The plans made for this layout, or None where none can be kept."""
+def _layout_of(optimizer: Any, fingerprint: tuple[Any, ...]) -> _Layout | None:
+    """What is kept for this layout, or None where nothing can be kept."""
     if not fingerprint:
         return None
     try:
-        kept = _PLANS.get(optimizer)
-        if kept is None or kept[0] != fingerprint:
-            kept = _PLANS[optimizer] = (fingerprint, {})
-    except TypeError:  # not weakly referenceable: no plan is kept
+        layout = _PLANS.get(optimizer)
+        if layout is None or layout.fingerprint != fingerprint:
+            layout = _PLANS[optimizer] = _Layout(fingerprint)
+    except TypeError:  # not weakly referenceable: nothing is kept
         return None
-    return kept[1]
+    return layout
 
 
 def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
@@ -234,26 +247,33 @@ def _make_plan(
     atol: float,
     stride: int,
     offset: int,
+    layout: _Layout,
 ) -> _Plan:
-    owned, report.note = _owned_shards(optimizer)
-    check = ShardCheck(report, atol, stride, offset, _budget_bytes(chunks, stride))
+    if layout.owned is None:
+        layout.owned = _owned_shards(optimizer)
+    owned, report.note = layout.owned
+    budget = _budget_bytes(chunks, stride)
+    probed = layout.probed.setdefault(budget, Probed())
+    check = ShardCheck(report, atol, stride, offset, budget, probed)
     plan = _Plan(check, report.note, [])
-    _walk(chunks, owned, plan)
+    _walk(chunks, owned, plan, layout)
     plan.unchecked = list(report.unchecked)
     return plan
 
 
-def _walk(chunks: list[Any], owned: dict[Any, Owned], plan: _Plan) -> None:
+def _walk(chunks: list[Any], owned: dict[Any, Owned], plan: _Plan, layout: _Layout) -> None:
     """Queue every owned param's blocks for the shard check and list every replicated param's
     fold sources (the device the folds live on goes into ``plan``)."""
     from megatron.core import fp8_utils
 
     check = plan.check
-    names = {
-        p: (f"{c}." if len(chunks) > 1 else "") + n
-        for c, ch in enumerate(chunks)
-        for n, p in ch.named_parameters()
-    }
+    if layout.names is None:
+        layout.names = {
+            p: (f"{c}." if len(chunks) > 1 else "") + n
+            for c, ch in enumerate(chunks)
+            for n, p in ch.named_parameters()
+        }
+    names = layout.names
     sizes: dict[int, int] = {}
     with torch.no_grad():  # views of params and main shards, no autograd bookkeeping
         for group, param in _buffer_params(chunks):
@@ -267,7 +287,9 @@ def _walk(chunks: list[Any], owned: dict[Any, Owned], plan: _Plan) -> None:
             try:
                 fp8 = fp8_utils.is_float8tensor(param)
                 mxfp8 = fp8_utils.is_mxfp8tensor(param)
-                reader: Reader | str = reader_for(param) if fp8 else Reader(_plain(param))
+                reader = layout.readers.get(id(param))
+                if reader is None:
+                    reader = layout.readers[id(param)] = reader_for(param) if fp8 else Reader(_plain(param))
                 own = owned.get(param)
                 if own is not None:
                     reason = _unchecked_reason(param, own, fp8, mxfp8)

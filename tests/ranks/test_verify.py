@@ -286,6 +286,61 @@ def _case_sampling() -> dict[str, Any]:
     return {**rec, "job": job}
 
 
+def _case_plans() -> dict[str, Any]:
+    """A check's plan is made once per layout and sampled phase and then reused; a reused plan
+    reads the current bits (a block corrupted after it was made is caught), and a main shard
+    moved to new storage makes a new plan that reads there (a value changed there is caught)."""
+    from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
+    from mbridge_mxfp8_plugin.options import DEFAULT_VERIFY_SAMPLE
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+    from mbridge_mxfp8_plugin.verify import weights
+    from mbridge_mxfp8_plugin.verify.weights import _owned_shards
+
+    job = build_job(ToyConfig(dims=(32, 64, 96, 10)))
+    _train(job, ITERS)
+    ensure_weights_current(job.model, job.optimizer)
+    made: list[int] = []
+    real = weights._make_plan
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return real(*args, **kwargs)
+
+    weights._make_plan = counted
+    rec: dict[str, Any] = {}
+    try:
+        full = [verify_weights(job.model, job.optimizer, event="full", sample=1.0) for _ in range(2)]
+        rec["full_made"], rec["full_ok"] = len(made), [r.ok for r in full]
+        stride = round(1 / DEFAULT_VERIFY_SAMPLE)
+        sampled = [verify_weights(job.model, job.optimizer, event="s", offset=i) for i in range(2 * stride)]
+        rec["sampled_made"], rec["sampled_ok"] = len(made) - rec["full_made"], [r.ok for r in sampled]
+        rec["stride"] = stride
+        # Every rank flips one block of its first owned 2-D slice, after the plans were made.
+        owned, _ = _owned_shards(job.optimizer)
+        param, own = next((p, o) for p, o in owned.items() if p.dim() == 2 and o.end - o.start >= 64)
+        with torch._C.DisableTorchFunctionSubclass():
+            flat = param.data.view(-1)
+        before = len(made)
+        with torch.no_grad():
+            flat[own.start : own.start + 32].neg_()
+        rec["corrupt"] = verify_weights(job.model, job.optimizer, event="corrupt", sample=1.0)
+        with torch.no_grad():
+            flat[own.start : own.start + 32].neg_()
+        rec["restored"] = verify_weights(job.model, job.optimizer, event="restored", sample=1.0)
+        rec["made_while_corrupt"] = len(made) - before
+        # The optimizer's main shard moves to new storage: a new plan, which reads the new one.
+        with torch.no_grad():
+            own.main.data = own.main.data.clone()
+        rec["moved"] = verify_weights(job.model, job.optimizer, event="moved", sample=1.0)
+        rec["made_after_move"] = len(made) - before
+        with torch.no_grad():
+            own.main.data[:32].add_(1.0)
+        rec["moved_changed"] = verify_weights(job.model, job.optimizer, event="moved", sample=1.0)
+    finally:
+        weights._make_plan = real
+    return rec
+
+
 def _snapshot(job: Any) -> tuple[dict[str, torch.Tensor], list[list[torch.Tensor]]]:
     """What a checkpoint holds after a save: every ``param.data`` and the fp32 main shards."""
     from mbridge_mxfp8_plugin.plan import distributed_optimizers
@@ -409,6 +464,7 @@ def _rank() -> dict[str, Any]:
             out[f"c:{mode}"] = _case_c(mode)
         out["expert"] = _case_expert()
         out["sampling"] = _case_sampling()
+        out["plans"] = _case_plans()
         for mode in ("disabled", "b1_off", "b2_off", "on", "stale_ckpt"):
             out[f"opt:{mode}"] = _case_option(mode)
     for value in out.values():
@@ -563,6 +619,18 @@ def test_one_bad_block_found_by_full_check_and_by_rotation(runs: list[dict[str, 
 
 
 # ------------------------------------------------------------------ the option (loop API)
+def test_plans_reused_and_read_current_bits(runs: list[dict[str, Any]]) -> None:
+    for run in runs:
+        rec = run["plans"]
+        assert rec["full_made"] == 1 and rec["full_ok"] == [True, True], rec
+        assert rec["sampled_made"] == rec["stride"], rec  # one per phase, none on the second round
+        assert all(rec["sampled_ok"]), rec
+        assert not rec["corrupt"].ok and rec["corrupt"].shard_mismatch_count == 1, rec["corrupt"].message()
+        assert rec["restored"].ok and rec["made_while_corrupt"] == 0
+        assert rec["moved"].ok and rec["made_after_move"] == 1
+        assert not rec["moved_changed"].ok, rec["moved_changed"].message()
+
+
 def _writes_back(runs: list[dict[str, Any]]) -> bool:
     return bool(runs[0]["behaviour"]["forced_sync_writes_back"])
 
