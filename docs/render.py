@@ -282,15 +282,23 @@ def verify_te_table() -> str:
     result = json.loads(VERIFY_RESULTS.read_text())
     out = [
         "| model | core | eval transition (one-pass / emulated) | sampled check | full check "
-        "| sampled / eval | full / eval | full / its floor | extra peak (sampled / full) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| sampled / eval | full / eval | first calls / eval (sampled / full) | graphs "
+        "| full / its floor | extra peak (sampled / full) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in result["rows"]:
+        first = "n/a"
+        if "ratio_sampled_first_round_vs_eval_onepass" in r:
+            first = (
+                f"{r['ratio_sampled_first_round_vs_eval_onepass']:.2f} / "
+                f"{r['ratio_full_first_vs_eval_onepass']:.2f}"
+            )
+        graphs = "replayed" if r.get("full_onepass_graphs") else "eager"
         out.append(
             f"| {r['size']} | {r['core']} | {_ms([r['eval_onepass_s'], r['eval_emulated_s']])} "
             f"| {_ms([r['sampled_onepass_s']])} | {_ms([r['full_onepass_s']])} "
             f"| **{r['ratio_sampled_vs_eval_onepass']:.2f}** | {r['ratio_full_vs_eval_onepass']:.2f} "
-            f"| {r['ratio_full_vs_floor']:.2f} "
+            f"| {first} | {graphs} | {r['ratio_full_vs_floor']:.2f} "
             f"| {_mib([r['sampled_onepass_peak_extra_bytes'], r['full_onepass_peak_extra_bytes']])} |"
         )
     out += ["", "| target | result |", "|---|---|"]

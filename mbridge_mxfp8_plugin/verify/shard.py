@@ -404,6 +404,9 @@ class ShardCheck:
         if os.environ.get("MXFP8_VERIFY_CUDA_GRAPH", "1") == "0":
             self.no_graph = "MXFP8_VERIFY_CUDA_GRAPH=0"
             return False
+        if _GRAPHS_OFF:  # one failed capture turns them off for the process
+            self.no_graph = _GRAPHS_OFF[0]
+            return False
         return not torch.cuda.is_current_stream_capturing()
 
     def _capture(self) -> None:
@@ -436,7 +439,9 @@ class ShardCheck:
             caller.wait_stream(stream)
         except Exception as exc:  # noqa: BLE001 - eager compares judge the same
             caller.wait_stream(stream)
+            _end_allocating_to_pool()
             self.no_graph = f"not capturable ({type(exc).__name__}: {exc})"
+            _GRAPHS_OFF.append(self.no_graph)
             self.verdicts = []
             for reference in self.references.values():
                 reference.release()
@@ -562,6 +567,22 @@ def _allocated(device: torch.device) -> int | None:
 
 
 _POOLS: dict[int, Any] = {}
+#: Why captures are off for this process, once one failed: a failed capture may leave the
+#: allocator routing the side stream's allocations to the pool, so no other is attempted.
+_GRAPHS_OFF: list[str] = []
+
+
+def _end_allocating_to_pool() -> None:
+    """Undo what a failed capture may have left: the side stream allocating into the pool."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    device = torch.cuda.current_device()
+    if end is not None and device in _POOLS:
+        try:
+            end(device, _POOLS[device])
+        except Exception:  # noqa: BLE001, S110 - nothing was left to undo
+            pass
+
+
 _STREAMS: dict[int, Any] = {}
 
 
