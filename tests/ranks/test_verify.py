@@ -318,14 +318,20 @@ def _case_plans() -> dict[str, Any]:
         # Every rank flips one block of its first owned 2-D slice, after the plans were made.
         owned, _ = _owned_shards(job.optimizer)
         param, own = next((p, o) for p, o in owned.items() if p.dim() == 2 and o.end - o.start >= 64)
+        codes = getattr(param, "_rowwise_data", None)  # TE-shaped: the codes; else the values
         with torch._C.DisableTorchFunctionSubclass():
-            flat = param.data.view(-1)
+            flat = codes.view(-1) if codes is not None else param.data.view(-1)
+        block = flat[own.start : own.start + 32]
+
+        def negate() -> None:  # the E4M3 sign bit, or the value's sign
+            block.bitwise_xor_(0x80) if block.dtype == torch.uint8 else block.neg_()
+
         before = len(made)
         with torch.no_grad():
-            flat[own.start : own.start + 32].neg_()
+            negate()
         rec["corrupt"] = verify_weights(job.model, job.optimizer, event="corrupt", sample=1.0)
         with torch.no_grad():
-            flat[own.start : own.start + 32].neg_()
+            negate()
         rec["restored"] = verify_weights(job.model, job.optimizer, event="restored", sample=1.0)
         rec["made_while_corrupt"] = len(made) - before
         # The optimizer's main shard moves to new storage: a new plan, which reads the new one.
