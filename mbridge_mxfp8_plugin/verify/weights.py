@@ -205,16 +205,14 @@ def _layout_of(optimizer: Any, fingerprint: tuple[Any, ...]) -> _Layout | None:
 
 
 def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
-    """Which tensors, at which addresses, a plan reads: every buffer param (its codes and scales
-    where it holds them) and every main shard. A plan is reused only while this is unchanged, so
+    """Which tensors, at which addresses, a plan reads: every buffer param (the codes, scales or
+    per-tensor FP8 bytes it holds) and every main shard. A plan is reused only while this is unchanged, so
     its views never read memory the params or the optimizer have moved away from. Empty where it
     cannot be taken (nothing is then reused)."""
     parts: list[Any] = []
     try:
         for _, param in _buffer_params(chunks):
-            data = getattr(param, "_rowwise_data", None)
-            scales = getattr(param, "_rowwise_scale_inv", None)
-            at = (_address(param), _address(data), _address(scales))
+            at = (_address(param), *(_address(getattr(param, a, None)) for a in _HELD_ATTRS))
             # What the reader and the batch key read off the param, besides where it is.
             layout = tuple(getattr(param, a, None) for a in _LAYOUT_ATTRS)
             parts.append((id(param), type(param), tuple(param.shape), at, layout))
@@ -228,6 +226,8 @@ def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
 
 _REGISTRY_ATTRS = ("HAVE_TE_FP8_TENSOR_CLASS", "FP8_TENSOR_CLASS", "HAVE_TE_MXFP8TENSOR", "MXFP8Tensor")
 _LAYOUT_ATTRS = ("_fp8_dtype", "_with_gemm_swizzled_scales", "_quantizer")
+#: The tensors a quantized param holds that the check reads or folds (``read``, ``replica``).
+_HELD_ATTRS = ("_rowwise_data", "_rowwise_scale_inv", "_data", "_scale_inv")
 
 
 def _address(tensor: Any) -> Any:
