@@ -177,6 +177,8 @@ def _scenario() -> dict[str, Any]:
         _flip_block(target, corrupt_at)  # undone
     with _swizzled(job) as swizzled:  # a layout the check does not read: unchecked, not wrong
         out["swizzled"] = swizzled and verify_weights(job.model, job.optimizer, event="swz", sample=1.0)
+        # The same call again reuses the plan: still unchecked, with the same reasons.
+        out["swizzled_again"] = swizzled and verify_weights(job.model, job.optimizer, event="swz", sample=1.0)
     # One rank's copy drifts where it owns nothing (rank 1 changes a block of rank 0's slice):
     # only the replica check can see it.
     if rank == 1:
@@ -273,6 +275,9 @@ def test_an_unreadable_layout_is_unchecked_never_wrong(runs: list[dict[str, Any]
         assert rep.ok and rep.shard_mismatch_count == 0, rep.message()
         assert rep.unchecked and all("swizzled" in line for line in rep.unchecked), rep.unchecked
         assert f"{len(rep.unchecked)} params unchecked" in rep.message()
+        again = r["te"]["swizzled_again"]
+        assert again.ok and again.unchecked == rep.unchecked, again.message()
         drift = r["te"]["swizzled_drift"]
         assert not drift.ok and drift.replica_mismatches == [name], drift.message()
     assert all(r[kind]["swizzled"] is False for r in runs for kind in ("values", "ocp"))
+    assert all(r[kind]["swizzled_again"] is False for r in runs for kind in ("values", "ocp"))
