@@ -39,15 +39,16 @@ test-fast:
 # Every tier this venv can run: unit, ranks, bridge_real (tests/nemo runs in .venv-nemo, tests/gpu on
 # a 2-GPU host). The doctor's report heads the log: which torch / megatron-core / bridge it ran against.
 # Then the release-order and verifier tests again with the kit's TE-shaped MXFP8 param
-# (MXFP8_PARAM_KIND=te), so the Transformer Engine branches of core and of the plugin run too
-# (.ci/matrix.sh does the same in core0192).
+# (MXFP8_PARAM_KIND=te), so the Transformer Engine branches of core and of the plugin run too,
+# the verifier's fused kernel in Triton's interpreter (MXFP8_EXPECT_FUSED: it must be used); .ci/matrix.sh
+# does the same in core0192 with the kernel off (MXFP8_VERIFY_FUSED=0: the type's own write path).
 # tests/unit too when run alone; `make test` runs it once, as the fast tier (MAIN_TIERS="tests/ranks tests/bridge_real").
 MAIN_TIERS ?= tests/unit tests/ranks tests/bridge_real
 test-main: $(STAMP)
 	NO_VCS_VERSION=1 $(VENV)/bin/mxfp8-plugin doctor
 	MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs --durations=15 \
 		$(MAIN_TIERS)
-	MXFP8_PARAM_KIND=te NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -m matrix \
+	MXFP8_PARAM_KIND=te MXFP8_EXPECT_FUSED=1 NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -m matrix \
 		tests/ranks/test_matrix.py tests/ranks/test_verify.py
 
 matrix:

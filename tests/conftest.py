@@ -15,6 +15,14 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("NO_VCS_VERSION", "1")
+# The verifier's fused kernel (mbridge_mxfp8_plugin/verify/fused.py) runs on CPU tensors in Triton's
+# interpreter, which Triton picks when it is first imported: set before anything imports it. Not on
+# a CUDA host, where tests/gpu runs the compiled kernel. Spawned ranks inherit it.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 TIERS = {
     "unit": "single process (spawns no ranks): `make test-fast`",

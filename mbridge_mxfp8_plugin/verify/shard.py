@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from ..errors import MXFP8UsageError
-from .read import BLOCK, Blocks, Reader, decode
+from . import fused
+from .read import BLOCK, Blocks, Reader, decode, reader_for
 from .reference import PROBE_ROWS, Reference, make_reference, self_check
 from .report import ParamMismatch, WeightReport
 
@@ -73,6 +74,7 @@ class Probed:
     refused: dict[tuple[Any, ...], str] = field(default_factory=dict)
     trusted: set[tuple[Any, ...]] = field(default_factory=set)
     references: dict[tuple[Any, ...], Reference] = field(default_factory=dict)
+    fused: set[tuple[Any, ...]] = field(default_factory=set)  # keys compared by the fused kernel
 
 
 @dataclass
@@ -163,6 +165,9 @@ class ShardCheck:
         self.references = probed.references
         self.refused = probed.refused  # batch key -> why its type cannot be checked
         self.trusted = probed.trusted  # keys whose reader passed the self-check
+        self.fused = probed.fused  # keys whose type writes TE's bytes (see ``fused``)
+        self._flags: torch.Tensor | None = None  # per call: differing bytes per fused batch
+        self._flag_of: dict[int, int] = {}
         self.verdicts: list[tuple[_Batch, torch.Tensor]] = []
         self.planned: list[_Batch] = []  # sealed batches, in the order they are compared
         self.reusable = True  # False once a compare was refused (the plan is not kept)
@@ -309,6 +314,8 @@ class ShardCheck:
             if reason:
                 raise _Refused(reason)
             self.trusted.add(key)
+            if self._agrees_with_fused(item, reference, small, n, round_to):
+                self.fused.add(key)
             transients = _DEFAULT_TRANSIENTS if known is None else known
             if before is not None and after is not None:
                 transients = _TRANSIENTS[measured] = (after - before) / rows.numel()
@@ -318,6 +325,47 @@ class ShardCheck:
             self.refused[key] = str(exc) if isinstance(exc, _Refused) else _why_type(param, exc)
         self.capacity[key] = cap
         return cap
+
+    @staticmethod
+    def _agrees_with_fused(
+        item: _Item, reference: Reference, small: Any, n: int, round_to: torch.dtype | None
+    ) -> bool:
+        """Whether the fused kernel writes the bytes the type's own write wrote: on the probe's
+        ``n`` real blocks (``small`` holds them) and on crafted blocks where rules part."""
+        if not fused.usable(item.reader, round_to, item.main):
+            return False
+        try:
+            rounding = round_to is not None
+            reader = reader_for(small)
+            main = item.blocks.part(0, n).take(item.main, -item.start)
+            if isinstance(reader, str) or fused.differing_bytes(main, reader, rounding):
+                return False
+            crafted = fused.crafted_rows(item.main.device)
+            instance = reference._empty((crafted.shape[0], BLOCK), crafted.device)
+            reference.write(instance, _rounded(crafted, round_to))
+            reader = reader_for(instance)
+            return not isinstance(reader, str) and fused.differing_bytes(crafted, reader, rounding) == 0
+        except Exception:  # noqa: BLE001 - the type's own write path stays the reference
+            return False
+
+    def _flush_fused(self, batch: _Batch) -> None:
+        """One kernel launch per item: TE's cast of the main blocks against the param's bytes.
+        A batch it finds differing is judged again by the type's own write (``_attribute``)."""
+        slot = self._flag_of[id(batch)]
+        flags, rounding = self._flags, batch.round_to is not None
+        assert flags is not None
+        for it in batch.items:
+            fused.compare(it.main, -it.start, it.reader, it.blocks, rounding, flags, slot)
+        self.verdicts.append((batch, flags[slot]))
+
+    def _new_flags(self) -> None:
+        """Zeroed counters for this call's fused batches (inside a capture: in the graph's pool)."""
+        batches = [b for b in self.planned if b.key in self.fused and b.key not in self.refused]
+        self._flag_of = {id(b): i for i, b in enumerate(batches)}
+        self._flags = None
+        if batches:
+            device = batches[0].items[0].main.device
+            self._flags = torch.zeros(len(batches), dtype=torch.int32, device=device)
 
     def _main_rows(self, batch: _Batch) -> torch.Tensor:
         """The batch's main blocks as the gather delivers them, ``(k, 32)`` contiguous, zero
@@ -364,7 +412,10 @@ class ShardCheck:
     def _compare(self, batch: _Batch) -> None:
         """Compare one batch; the verdict stays on the device (no host sync per batch)."""
         if batch.items[0].mxfp8_codes:
-            self._flush_codes(batch)
+            if id(batch) in self._flag_of:
+                self._flush_fused(batch)
+            else:
+                self._flush_codes(batch)
             return
         got, want, small = self._sides(batch)
         if small is not None and batch.key not in self.trusted:
@@ -388,6 +439,7 @@ class ShardCheck:
                 self.slots[it.slot].unchecked = reason
 
     def _run_eager(self) -> None:
+        self._new_flags()
         for batch in self.planned:
             if batch.key not in self.refused:
                 self._flush(batch)
@@ -431,6 +483,7 @@ class ShardCheck:
             with torch.cuda.stream(stream):
                 graph.capture_begin(pool=_graph_pool(), capture_error_mode="thread_local")
                 try:
+                    self._new_flags()
                     for batch in self.planned:
                         self._compare(batch)
                     stacked = torch.stack([v for _, v in self.verdicts])
@@ -534,7 +587,8 @@ class ShardCheck:
             params = {s for b, _ in self.verdicts if b.key == key for s in (it.slot for it in b.items)}
             count = len(params) + self.empty.get(key, 0)
             if key not in self.refused and count:
-                report.count_path(f"{reference.path}, read {key[-1]}", count)
+                how = ", compared by the fused TE-rule kernel" if key in self.fused else ""
+                report.count_path(f"{reference.path}, read {key[-1]}{how}", count)
 
 
 def _rounded(main: torch.Tensor, round_to: torch.dtype | None) -> torch.Tensor:

@@ -18,6 +18,8 @@ forced sync leaves it, and the fp32 main shards).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -280,6 +282,21 @@ def _case_sampling() -> dict[str, Any]:
         with torch.no_grad():
             negate(storage(param)[start : start + 32])
     rec["one_block_full"] = verify_weights(job.model, job.optimizer, event="one block", sample=1.0)
+    # The same check with the fused kernel off (its use is decided per layout: plans dropped).
+    from mbridge_mxfp8_plugin.verify import weights
+
+    before = os.environ.get("MXFP8_VERIFY_FUSED")
+    os.environ["MXFP8_VERIFY_FUSED"] = "0"
+    weights._PLANS.clear()
+    try:
+        rec["one_block_full_unfused"] = verify_weights(
+            job.model, job.optimizer, event="one block", sample=1.0
+        )
+    finally:
+        os.environ.pop("MXFP8_VERIFY_FUSED")
+        if before is not None:
+            os.environ["MXFP8_VERIFY_FUSED"] = before
+        weights._PLANS.clear()
     rec["one_block_sampled"] = [
         verify_weights(job.model, job.optimizer, event="one block") for _ in range(rec["stride"])
     ]
@@ -622,6 +639,35 @@ def test_one_bad_block_found_by_full_check_and_by_rotation(runs: list[dict[str, 
         # Each bad block is visited within ``stride`` consecutive calls, and not by every call.
         assert set(seen) == {case["aligned"], case["odd"]}, seen
         assert all(0 < count < case["stride"] for count in seen.values()), seen
+
+
+def _fused_expected() -> bool:
+    """Where the fused kernel must be used: TE-shaped params (codes) with Triton importable and
+    able to run on these CPU tensors (its interpreter). ``MXFP8_EXPECT_FUSED`` (the Makefile's
+    TE-shaped pass) makes it a requirement, so a missing Triton fails instead of passing vacuously."""
+    if "MXFP8_EXPECT_FUSED" in os.environ:
+        return os.environ["MXFP8_EXPECT_FUSED"] == "1"
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import param_kind
+
+    triton = importlib.util.find_spec("triton") is not None
+    wanted = os.environ.get("MXFP8_VERIFY_FUSED", "1") != "0"
+    return param_kind() == "te" and triton and wanted and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_fused_kernel_judges_as_the_types_own_write(runs: list[dict[str, Any]]) -> None:
+    """The fused cast-and-compare (verify/fused.py) names the same params, elements and worst
+    differences as the type's own write path, and is used exactly where it can be."""
+    for r in runs:
+        case = r["sampling"]
+        on, off = case["one_block_full"], case["one_block_full_unfused"]
+        assert not on.ok and not off.ok
+        assert [(m.name, m.elements, m.max_abs_diff) for m in on.shard_mismatches] == [
+            (m.name, m.elements, m.max_abs_diff) for m in off.shard_mismatches
+        ], (on.message(), off.message())
+        assert (on.elements_checked, on.params_checked) == (off.elements_checked, off.params_checked)
+        used = [p for p in case["clean_full"].reference_paths if "fused" in p]
+        assert bool(used) == _fused_expected(), case["clean_full"].reference_paths
+        assert not any("fused" in p for p in off.reference_paths), off.reference_paths
 
 
 # ------------------------------------------------------------------ the option (loop API)

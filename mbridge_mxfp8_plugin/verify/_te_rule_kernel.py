@@ -1,0 +1,85 @@
+"""The Triton kernel behind :mod:`.fused` (imported only where Triton is installed).
+
+One program compares ``BLOCKS`` sampled 32-element blocks: it loads the main shard's elements,
+rounds them to bf16 as the gather delivers them, casts each block by Transformer Engine's MXFP8
+rule (:mod:`mbridge_mxfp8_plugin.mxfp8_cast` states it) and compares the E4M3 bytes and the E8M0
+byte with the param's, adding the differing bytes into ``flags[flag]``. Every float conversion is
+done on the bits with integer arithmetic, not by the hardware's conversion instructions: the
+result is then the same on every GPU and in Triton's CPU interpreter (where the tests run it),
+whose own bf16 and FP8 conversions do not round as torch does. The interpreter is chosen by
+``TRITON_INTERPRET=1`` before Triton is first imported (Triton patches its language then).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+def _te_cast_compare(
+    main_ptr,
+    codes_ptr,
+    scales_ptr,
+    flag_ptr,
+    flag,
+    base,
+    start,
+    count,
+    step,
+    last,
+    per_row,
+    scale_cols,
+    rcp,
+    ROUND_BF16: tl.constexpr,  # noqa: N803 - Triton's constexpr convention
+    BLOCKS: tl.constexpr,  # noqa: N803
+):
+    b = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    live = b < count
+    g = start + b.to(tl.int64) * step  # global block id: row * per_row + column
+    row = g // per_row
+    col = g - row * per_row
+    lane = tl.arange(0, 32)
+    inside = live[:, None] & ((col * 32)[:, None] + lane[None, :] < last)  # a short last block
+    at = (row * last + col * 32)[:, None] + lane[None, :]
+    x = tl.load(main_ptr + base + at, mask=inside, other=0.0).to(tl.float32)
+    xi = x.to(tl.int32, bitcast=True)
+    nan = (xi & 0x7FFFFFFF) > 0x7F800000
+    if ROUND_BF16:  # to nearest even on the bits (NaN kept as it is)
+        r = (xi + 0x7FFF + ((xi >> 16) & 1)) & -65536
+        x = tl.where(nan, x, r.to(tl.float32, bitcast=True))
+    # E8M0 exponent: amax of the non-NaN |x| times fp32(1/448), rounded up to a power of two.
+    amax = tl.max(tl.where(nan, 0.0, tl.abs(x)), axis=1)
+    p = (amax * rcp).to(tl.int32, bitcast=True)
+    ex = p >> 23
+    mn = p & 0x7FFFFF
+    up = (mn > 0) & ((ex != 0) | (mn > 0x400000))
+    e = tl.minimum(ex + up.to(tl.int32), 254)
+    mult = tl.where(e == 0, 1.0, ((254 - e) << 23).to(tl.float32, bitcast=True))
+    y = x * mult[:, None]
+    y = tl.where(y > 448.0, 448.0, tl.where(y < -448.0, -448.0, y))  # NaN stays NaN
+    # E4M3 (fn) to nearest even: three mantissa bits from 2**-6 up, multiples of 2**-9 below.
+    yi = y.to(tl.int32, bitcast=True)
+    sign = (yi >> 24) & 0x80
+    a = yi & 0x7FFFFFFF
+    rn = (a + 0x7FFFF + ((a >> 20) & 1)) & 0x7FF00000
+    normal = ((((rn >> 23) - 120) << 3) | ((rn >> 20) & 7)) & 0x7F
+    q = tl.abs(y) * 512.0
+    sub = ((q + 8388608.0) - 8388608.0).to(tl.int32)
+    mag = tl.where(a >= 0x3C800000, normal, sub)
+    code = tl.where(a > 0x7F800000, 0x7F, mag) | sign
+    got = tl.load(codes_ptr + at, mask=inside, other=0).to(tl.int32)
+    bad = tl.sum((inside & (code != got)).to(tl.int32), axis=1)
+    s = tl.load(scales_ptr + row * scale_cols + col, mask=live, other=0).to(tl.int32)
+    bad += (live & (s != e)).to(tl.int32)
+    tl.atomic_add(flag_ptr + flag, tl.sum(bad, axis=0))
+
+
+#: Not specialized on the integers or the pointers' alignment: Triton would compile a kernel per
+#: combination it sees (a step of 1, offsets divisible by 16), each a second or two at a job's
+#: first check; one compile per rounding mode instead.
+_INTS = ["flag", "base", "start", "count", "step", "last", "per_row", "scale_cols"]
+kernel = triton.jit(
+    _te_cast_compare,
+    do_not_specialize=_INTS,
+    do_not_specialize_on_alignment=["main_ptr", "codes_ptr", "scales_ptr", "flag_ptr", *_INTS],
+)

@@ -1,0 +1,119 @@
+"""A fused cast-and-compare for MXFP8 params whose write follows Transformer Engine's rule.
+
+The shard check's reference is each type's own write path: per batch, the main blocks are rounded
+into a bf16 buffer, written into a small instance of the type, and its bytes compared with the
+param's. That moves about 11 bytes per element through memory and costs ~8 kernels per batch; a
+full check then costs about as much as an eval transition. One kernel that reads the main shard
+and the param's codes and scales once (5 bytes per element, nothing allocated) does it at the
+memory floor, but it applies *a* rule, TE's, not the type's.
+
+So it is used for a batch key only after it has agreed with the type's own write, byte for byte,
+on the key's probe rows (the first real blocks, written by the type at plan time) and on crafted
+blocks where scale rules part (amax mantissas past 1.75, powers of two, ties, E4M3 subnormals,
+zeros, tiny and huge amax). A type with another rule (the OCP spec's, a swizzled layout, E5M2)
+fails that and keeps its own write path. A batch the kernel finds differing is judged again
+through the type's own write (the attribution path), so the kernel can never name a param
+``WRONG`` by itself; it only answers "equal" quickly.
+
+On CPU (and where Triton is missing) nothing changes. ``MXFP8_VERIFY_FUSED=0`` turns it off;
+with ``TRITON_INTERPRET=1`` set before Triton is imported it runs on CPU tensors in Triton's
+interpreter (the tests do that).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+from .read import BLOCK, Blocks, Reader
+
+__all__ = ["available", "compare", "crafted_rows", "differing_bytes"]
+
+_MAX_NORM_RCP = torch.tensor(1.0 / 448.0, dtype=torch.float32).item()
+_BLOCKS_PER_PROGRAM = 64
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernel can run on ``device`` here."""
+    if os.environ.get("MXFP8_VERIFY_FUSED", "1") == "0" or importlib.util.find_spec("triton") is None:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def usable(reader: Reader, round_to: torch.dtype | None, main: torch.Tensor) -> bool:
+    """Whether a batch key's layout is one the kernel reads: E4M3 codes, one byte per element,
+    unswizzled scale bytes, and a main shard delivered as bf16 or cast from fp32 directly."""
+    return (
+        reader.scales is not None
+        and reader.element == torch.float8_e4m3fn
+        and round_to in (None, torch.bfloat16)
+        and main.dtype in (torch.float32, torch.bfloat16)
+        and available(main.device)
+    )
+
+
+def compare(
+    main: torch.Tensor,
+    base: int,
+    reader: Reader,
+    blocks: Blocks,
+    round_bf16: bool,
+    flags: torch.Tensor,
+    flag: int,
+) -> None:
+    """Add to ``flags[flag]`` the bytes (codes and scales) of ``blocks`` of the param that differ
+    from TE's cast of the main shard's blocks (param element ``i`` at ``main[base + i]``). One
+    launch, no allocation, no host sync: capturable in a CUDA graph."""
+    if blocks.count == 0:
+        return
+    from ._te_rule_kernel import kernel
+
+    assert reader.scales is not None
+    grid = (-(-blocks.count // _BLOCKS_PER_PROGRAM),)
+    kernel[grid](
+        main, reader.flat, reader.scales, flags, flag,
+        base, blocks.start, blocks.count, blocks.step, blocks.last, blocks.per_row, reader.scale_cols,
+        _MAX_NORM_RCP, ROUND_BF16=round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM,
+    )  # fmt: skip
+
+
+def differing_bytes(rows: torch.Tensor, reader: Reader, round_bf16: bool) -> int:
+    """Bytes of an instance read by ``reader`` (holding ``rows``, ``(k, 32)``, as written by its
+    own type) that differ from the kernel's cast of ``rows``: 0 means the kernel agrees with the
+    type there. Syncs (plan time only)."""
+    rows = rows.contiguous()
+    flags = torch.zeros(1, dtype=torch.int32, device=rows.device)
+    blocks = Blocks(last=BLOCK, start=0, count=rows.shape[0], step=1)
+    compare(rows.reshape(-1), 0, reader, blocks, round_bf16, flags, 0)
+    return int(flags.item())
+
+
+def crafted_rows(device: Any) -> torch.Tensor:
+    """fp32 blocks (bf16-exact) where MXFP8 scale and rounding rules part, ``(k, 32)``, ``k`` a
+    multiple of 32: amax at and around ``448 * 2**n`` and with mantissas past 1.75 (TE rounds the
+    scale up where the OCP spec's floor saturates), round-half ties, E4M3 subnormals and what
+    underflows to zero, zeros of both signs, and amax from 2**-120 to 2**120."""
+    gen = torch.Generator().manual_seed(23)
+    rows: list[torch.Tensor] = []
+    for n in (-120, -100, -30, -9, -6, -1, 0, 1, 7, 30, 100, 120):
+        scale = 2.0**n
+        for top in (1.0, 1.5, 1.75, 1.78125, 1.875, 1.9921875, 1.0078125):
+            block = torch.randn(BLOCK, generator=gen) * scale * 0.5
+            block[0] = top * scale * (1 if n % 2 else -1)
+            rows.append(block)
+        ties = torch.arange(BLOCK, dtype=torch.float32) * 0.0625 * scale + scale  # halfway codes
+        ties[-1] = 448.0 * scale / 256.0
+        rows.append(ties)
+        wide = scale * torch.exp2(-torch.arange(BLOCK, dtype=torch.float32) * 0.5)  # E4M3 subnormals
+        wide[1::2] *= -1
+        rows.append(wide)
+    rows.append(torch.zeros(BLOCK))
+    rows.append(torch.zeros(BLOCK).neg())
+    out = torch.stack(rows).to(torch.bfloat16).float()
+    pad = (-out.shape[0]) % BLOCK
+    if pad:
+        out = torch.cat([out, torch.randn(pad, BLOCK, generator=gen).to(torch.bfloat16).float()])
+    return out.to(device)

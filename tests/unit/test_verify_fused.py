@@ -1,0 +1,133 @@
+"""The verifier's fused cast-and-compare kernel (mbridge_mxfp8_plugin/verify/fused.py), run on CPU
+tensors in Triton's interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1``).
+
+The oracle is the package's TE-rule cast (``mxfp8_cast``, pinned on crafted blocks against TE's
+kernel behaviour in test_emulation.py): the kernel must find no differing byte in what that cast
+wrote, count every byte changed afterwards, and see blocks of other rules (the OCP spec's floor
+scale, a unit-scale stand-in) as differing, which is what keeps those types on their own write.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from mbridge_mxfp8_plugin.mxfp8_cast import mxfp8_cast
+from mbridge_mxfp8_plugin.verify import fused
+from mbridge_mxfp8_plugin.verify.read import BLOCK, Blocks, Reader
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton was imported before the interpreter was chosen"
+)
+
+
+def _wide(rows: int, last: int, seed: int) -> torch.Tensor:
+    """fp32 rows whose blocks span amax from 2**-40 to 2**40 (not bf16-exact)."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.exp2(torch.randint(-40, 40, (rows, 1), generator=gen).float())
+    return torch.randn(rows, last, generator=gen) * scale
+
+
+def _te_reader(values: torch.Tensor) -> tuple[Reader, torch.Tensor, torch.Tensor]:
+    """A param's codes and scales as TE's rule writes ``values`` (already as the gather rounds them)."""
+    codes, scales = mxfp8_cast(values)
+    codes, scales = codes.view(torch.uint8).reshape(-1).clone(), scales.reshape(-1).clone()
+    return Reader(codes, scales, -(-values.shape[-1] // BLOCK), torch.float8_e4m3fn), codes, scales
+
+
+def _count(main: torch.Tensor, base: int, reader: Reader, blocks: Blocks, rounding: bool) -> int:
+    flags = torch.zeros(2, dtype=torch.int32)
+    fused.compare(main, base, reader, blocks, rounding, flags, 1)
+    assert flags[0] == 0  # only its own counter is written
+    return int(flags[1])
+
+
+def test_available_on_cpu_only_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert fused.available(torch.device("cpu"))
+    monkeypatch.setenv("MXFP8_VERIFY_FUSED", "0")
+    assert not fused.available(torch.device("cpu"))
+    monkeypatch.setenv("MXFP8_VERIFY_FUSED", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not fused.available(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("last", [256, 96, 45])
+@pytest.mark.parametrize("rounding", [True, False])
+def test_no_differing_byte_where_te_rule_wrote(last: int, rounding: bool) -> None:
+    main = _wide(24, last, seed=last)
+    reader, _, _ = _te_reader(main.to(torch.bfloat16) if rounding else main)
+    blocks = Blocks(last=last, start=0, count=24 * -(-last // BLOCK), step=1)
+    assert _count(main.reshape(-1), 0, reader, blocks, rounding) == 0
+    # Without the bf16 rounding the gather applies, the fp32 values cast to other bytes.
+    if rounding:
+        assert _count(main.reshape(-1), 0, reader, blocks, False) > 0
+
+
+def test_crafted_blocks_agree_with_the_te_rule() -> None:
+    rows = fused.crafted_rows("cpu")
+    assert rows.shape[0] % BLOCK == 0
+    assert torch.equal(rows, rows.to(torch.bfloat16).float())  # bf16-exact: rounding changes nothing
+    reader, _, _ = _te_reader(rows.to(torch.bfloat16))
+    assert fused.differing_bytes(rows, reader, round_bf16=True) == 0
+    assert fused.differing_bytes(rows, reader, round_bf16=False) == 0
+
+
+def test_counts_every_changed_code_and_scale_byte() -> None:
+    main = _wide(16, 128, seed=1)
+    reader, codes, scales = _te_reader(main.to(torch.bfloat16))
+    blocks = Blocks(last=128, start=0, count=16 * 4, step=1)
+    codes[[3, 700, 2047]] ^= 0x01
+    scales[[5, 60]] += 1
+    assert _count(main.reshape(-1), 0, reader, blocks, True) == 5
+
+
+def test_sampled_blocks_of_a_shard() -> None:
+    """Every ``step``-th block from global block ``start`` of a param whose main shard begins at
+    element ``s``: the kernel reads ``main[i - s]`` and compares only the sampled blocks."""
+    last, rows, s = 96, 40, 3 * 96 + 32
+    param = _wide(rows, last, seed=7)
+    reader, codes, _ = _te_reader(param.to(torch.bfloat16))
+    shard = param.reshape(-1)[s:].clone()
+    per_row = last // BLOCK
+    first = s // BLOCK
+    blocks = Blocks(last=last, start=first + 2, count=(rows * per_row - first - 2) // 5, step=5)
+    assert _count(shard, -s, reader, blocks, True) == 0
+    unsampled = (first + 3) * BLOCK
+    codes[unsampled] ^= 0x40
+    assert _count(shard, -s, reader, blocks, True) == 0
+    sampled = (first + 2 + 5 * 4) * BLOCK + 31
+    codes[sampled] ^= 0x40
+    assert _count(shard, -s, reader, blocks, True) == 1
+
+
+def _ocp_floor(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The OCP MX spec's scale: ``floor(log2(amax)) - 8``, elements saturated at 448."""
+    blocks = values.float().reshape(-1, BLOCK)
+    amax = blocks.abs().amax(dim=1, keepdim=True)
+    exp = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 8, torch.full_like(amax, -127))
+    exp = exp.clamp(-127, 127)
+    codes = (blocks / torch.exp2(exp)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return codes.view(torch.uint8).reshape(-1), (exp + 127).to(torch.uint8).reshape(-1)
+
+
+def test_other_rules_differ_on_the_crafted_blocks() -> None:
+    """What keeps a type with another rule on its own write path: the gate's crafted blocks."""
+    rows = fused.crafted_rows("cpu")
+    codes, scales = _ocp_floor(rows)
+    ocp = Reader(codes, scales, 1, torch.float8_e4m3fn)
+    assert fused.differing_bytes(rows, ocp, round_bf16=True) > 0
+    unit = rows.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1)
+    stand_in = Reader(unit, torch.full((rows.shape[0],), 127, dtype=torch.uint8), 1, torch.float8_e4m3fn)
+    assert fused.differing_bytes(rows, stand_in, round_bf16=True) > 0
+
+
+def test_usable_only_for_layouts_it_reads() -> None:
+    main = torch.zeros(64)
+    codes, scales = torch.zeros(64, dtype=torch.uint8), torch.zeros(2, dtype=torch.uint8)
+    e4m3 = Reader(codes, scales, 2, torch.float8_e4m3fn)
+    assert fused.usable(e4m3, torch.bfloat16, main) and fused.usable(e4m3, None, main)
+    assert not fused.usable(Reader(codes, scales, 2, torch.float8_e5m2), torch.bfloat16, main)
+    assert not fused.usable(e4m3, torch.float16, main)
+    assert not fused.usable(Reader(main), torch.bfloat16, main)  # values, no codes
