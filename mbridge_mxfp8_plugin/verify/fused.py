@@ -73,10 +73,13 @@ def compare(
 
     assert reader.scales is not None
     grid = (-(-blocks.count // _BLOCKS_PER_PROGRAM),)
+    base_div = 16 if base % 16 == 0 else 1
+    last_div = BLOCK if blocks.last % BLOCK == 0 else 1
     kernel[grid](
         main, reader.flat, reader.scales, flags, flag,
-        base, blocks.start, blocks.count, blocks.step, blocks.last, blocks.per_row, reader.scale_cols,
-        _MAX_NORM_RCP, ROUND_BF16=round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM,
+        base // base_div, blocks.start, blocks.count, blocks.step, blocks.last // last_div, blocks.per_row,
+        reader.scale_cols, _MAX_NORM_RCP,
+        ROUND_BF16=round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, BASE_DIV=base_div, LAST_DIV=last_div,
     )  # fmt: skip
 
 

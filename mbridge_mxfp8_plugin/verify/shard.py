@@ -35,6 +35,9 @@ BYTES_PER_ELEMENT = 32
 #: count over a probe write: an upper bound of its peak), else the kit's emulated cast's (13).
 #: After it the rows are freed; the param's gathered codes (1) and the verdict (1/8) are less.
 _DEFAULT_TRANSIENTS = 13.0
+#: Blocks per batch where the fused kernel compares (it allocates nothing): one launch per param
+#: up to 128M elements, so an eager run costs few launches.
+_FUSED_BLOCKS = 1 << 22
 _MARGIN = 1.1
 #: Measured write temporaries per element, per type, configuration and quantizer function (a
 #: process-wide cache: reading the allocator's statistics costs a few hundred microseconds).
@@ -75,6 +78,7 @@ class Probed:
     trusted: set[tuple[Any, ...]] = field(default_factory=set)
     references: dict[tuple[Any, ...], Reference] = field(default_factory=dict)
     fused: set[tuple[Any, ...]] = field(default_factory=set)  # keys compared by the fused kernel
+    written: dict[tuple[Any, ...], int] = field(default_factory=dict)  # blocks per write (fused keys)
 
 
 @dataclass
@@ -166,6 +170,7 @@ class ShardCheck:
         self.refused = probed.refused  # batch key -> why its type cannot be checked
         self.trusted = probed.trusted  # keys whose reader passed the self-check
         self.fused = probed.fused  # keys whose type writes TE's bytes (see ``fused``)
+        self.written = probed.written  # a fused key's blocks per write of the type (attribution)
         self._flags: torch.Tensor | None = None  # per call: differing bytes per fused batch
         self._flag_of: dict[int, int] = {}
         self.verdicts: list[tuple[_Batch, torch.Tensor]] = []
@@ -314,13 +319,17 @@ class ShardCheck:
             if reason:
                 raise _Refused(reason)
             self.trusted.add(key)
-            if self._agrees_with_fused(item, reference, small, n, round_to):
-                self.fused.add(key)
             transients = _DEFAULT_TRANSIENTS if known is None else known
             if before is not None and after is not None:
                 transients = _TRANSIENTS[measured] = (after - before) / rows.numel()
             per_element = _MARGIN * (rows.element_size() + 1 + transients) + 0.25
             cap = max(BLOCK, int(self.budget / (per_element * BLOCK)) // BLOCK * BLOCK)
+            if self._agrees_with_fused(item, reference, small, n, round_to):
+                # The kernel allocates nothing: its batches are bounded only so that a flagged
+                # one is judged again by the type's write a budget-sized part at a time.
+                self.fused.add(key)
+                self.written[key] = cap
+                cap = max(cap, _FUSED_BLOCKS)
         except Exception as exc:  # noqa: BLE001 - the rank must still join the all-reduce
             self.refused[key] = str(exc) if isinstance(exc, _Refused) else _why_type(param, exc)
         self.capacity[key] = cap
@@ -532,6 +541,11 @@ class ShardCheck:
 
     def _attribute_codes(self, batch: _Batch) -> None:
         """Values of a batch whose bytes differ, param by param, a bounded chunk at a time."""
+        cap = self.written.get(batch.key, batch.blocks)
+        if batch.blocks > cap:  # a fused batch: judged by the type's write in budget-sized parts
+            for part in _split(batch, cap):
+                self._attribute_codes(part)
+            return
         rows = self._main_rows(batch)
         reference = self.references[batch.key]
         codes, scales = reference.codes(rows, batch.blocks)
@@ -589,6 +603,22 @@ class ShardCheck:
             if key not in self.refused and count:
                 how = ", compared by the fused TE-rule kernel" if key in self.fused else ""
                 report.count_path(f"{reference.path}, read {key[-1]}{how}", count)
+
+
+def _split(batch: _Batch, cap: int) -> list[_Batch]:
+    """``batch`` as batches of at most ``cap`` blocks (items split where they cross a border)."""
+    parts = [_Batch(batch.key, batch.param, batch.mxfp8, batch.round_to)]
+    for it in batch.items:
+        lo = 0
+        while lo < it.blocks.count:
+            if parts[-1].blocks >= cap:
+                parts.append(_Batch(batch.key, batch.param, batch.mxfp8, batch.round_to))
+            take = min(cap - parts[-1].blocks, it.blocks.count - lo)
+            parts[-1].items.append(_Item(it.slot, it.reader, it.main, it.start, it.blocks.part(lo, take),
+                                         None, it.mxfp8_codes))  # fmt: skip
+            parts[-1].blocks += take
+            lo += take
+    return [p for p in parts if p.items]
 
 
 def _rounded(main: torch.Tensor, round_to: torch.dtype | None) -> torch.Tensor:

@@ -285,6 +285,16 @@ def _case_sampling() -> dict[str, Any]:
     # The same check with the fused kernel off (its use is decided per layout: plans dropped).
     from mbridge_mxfp8_plugin.verify import weights
 
+    # A budget of one 32-block write: a fused batch flagged differing is judged again by the
+    # type's write in parts of that size (and the unfused check batches that small).
+    budget = weights._BUDGET_BYTES, weights._BUDGET_FRACTION
+    weights._BUDGET_BYTES, weights._BUDGET_FRACTION = 1, 0.0
+    weights._PLANS.clear()
+    try:
+        rec["one_block_full_small"] = verify_weights(job.model, job.optimizer, event="one block", sample=1.0)
+    finally:
+        weights._BUDGET_BYTES, weights._BUDGET_FRACTION = budget
+        weights._PLANS.clear()
     before = os.environ.get("MXFP8_VERIFY_FUSED")
     os.environ["MXFP8_VERIFY_FUSED"] = "0"
     weights._PLANS.clear()
@@ -660,10 +670,12 @@ def test_fused_kernel_judges_as_the_types_own_write(runs: list[dict[str, Any]]) 
     for r in runs:
         case = r["sampling"]
         on, off = case["one_block_full"], case["one_block_full_unfused"]
+        small = case["one_block_full_small"]
         assert not on.ok and not off.ok
-        assert [(m.name, m.elements, m.max_abs_diff) for m in on.shard_mismatches] == [
-            (m.name, m.elements, m.max_abs_diff) for m in off.shard_mismatches
-        ], (on.message(), off.message())
+        for other in (off, small):
+            assert [(m.name, m.elements, m.max_abs_diff) for m in on.shard_mismatches] == [
+                (m.name, m.elements, m.max_abs_diff) for m in other.shard_mismatches
+            ], (on.message(), other.message())
         assert (on.elements_checked, on.params_checked) == (off.elements_checked, off.params_checked)
         used = [p for p in case["clean_full"].reference_paths if "fused" in p]
         assert bool(used) == _fused_expected(), case["clean_full"].reference_paths
