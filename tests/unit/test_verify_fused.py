@@ -65,6 +65,19 @@ def test_no_differing_byte_where_te_rule_wrote(last: int, rounding: bool) -> Non
         assert _count(main.reshape(-1), 0, reader, blocks, False) > 0
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_nan_on_both_sides_is_equal_whatever_its_sign(sign: float) -> None:
+    """torch's fp32 -> bf16 conversion may flip a NaN's sign (the CPU one makes 0xFFFF); NaN
+    against NaN is no difference, as in the byte compare of the type's own write."""
+    main = _wide(4, 64, seed=3)
+    main[1, 5] = sign * float("nan")
+    reader, codes, _ = _te_reader(main.to(torch.bfloat16))
+    blocks = Blocks(last=64, start=0, count=8, step=1)
+    assert _count(main.reshape(-1), 0, reader, blocks, True) == 0
+    codes[1 * 64 + 5] = 0x3C  # a number where the main shard has NaN
+    assert _count(main.reshape(-1), 0, reader, blocks, True) == 1
+
+
 def test_crafted_blocks_agree_with_the_te_rule() -> None:
     rows = fused.crafted_rows("cpu")
     assert rows.shape[0] % BLOCK == 0
