@@ -9,4 +9,5 @@ PY=$VENV/bin/python
 "$PY" -m pip install -q --disable-pip-version-check ruff==0.17.6 mypy==2.4.1 types-PyYAML==6.0.12.20261122
 echo "ruff $("$PY" -m ruff --version | cut -d' ' -f2), mypy $("$PY" -m mypy --version | cut -d' ' -f2)"
 "$PY" -m ruff check mbridge_mxfp8_plugin tests
+"$PY" -m ruff format --check mbridge_mxfp8_plugin tests
 "$PY" -m mypy mbridge_mxfp8_plugin

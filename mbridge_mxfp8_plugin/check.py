@@ -74,7 +74,8 @@ def add_check_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="NAME",
         help="the Bridge recipe function the file is merged onto (e.g. qwen3_30b_a3b_pretrain_config, "
-        "or its dotted path): its model class and the model knobs it sets are read from its source",
+        "its dotted path, or your own as module:function / path/to/file.py:function, as the launcher "
+        "takes it): its model class and the model knobs it sets are read from its source, not run",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--fail-on-warning", action="store_true", help="exit 1 on warnings too (for CI)")
@@ -131,6 +132,10 @@ def run_check(
     except RecipeError as exc:
         _emit_unreadable(str(exc), as_json, out, err)
         return EXIT_UNREADABLE
+    missing = _missing_deletion(recipe_input.base_deletions)
+    if missing:
+        _emit_unreadable(missing, as_json, out, err)
+        return EXIT_UNREADABLE
     base = _base_recipe(recipe_name)
     if isinstance(base, str):
         _emit_unreadable(base, as_json, out, err)
@@ -155,7 +160,12 @@ def run_check(
         payload["base_recipe"] = None if base is None else {"name": base.name, "provider": base.provider}
         out.write(json.dumps(payload, indent=2) + "\n")
     else:
-        shown = [recipe, *(overrides or []), *(["--recipe", recipe_name] if recipe_name else [])]
+        shown = [
+            recipe,
+            *(overrides or []),
+            *(["--recipe", recipe_name] if recipe_name else []),
+            *(["--dp-size", str(dp_size)] if dp_size is not None else []),
+        ]
         out.write(f"mxfp8-plugin check {' '.join(shown)}\n\n")
         out.write(report.format_table() + "\n")
     failed = [f.line() for f in report.errors + (report.warnings if fail_on_warning else [])]
@@ -166,19 +176,57 @@ def run_check(
     return EXIT_ERRORS if failed else EXIT_OK
 
 
+def _missing_deletion(deletions: list[str]) -> str | None:
+    """A ``~section.key`` whose key no base recipe can hold: Hydra, as Bridge and the launcher
+    call it, refuses it ("Could not delete from config"), so check must not pass it as "not
+    checked". Judged only where the installed Bridge fixes the section to one class; deeper keys
+    and open sections stay with the base recipe."""
+    from .probes.fields import container_sections, section_fields
+
+    for key in deletions:
+        section, _, rest = key.partition(".")
+        sections = container_sections()
+        if sections is not None and section not in sections:
+            return (
+                f"override '~{key}': {section!r} is not a section of Bridge's ConfigContainer, "
+                "so there is nothing to delete; drop the override"
+            )
+        if not rest or "." in rest:
+            continue
+        known = section_fields(section)
+        if known.fixed and known.fields is not None and rest not in known.fields:
+            return (
+                f"override '~{key}': {known.owner} has no field {rest!r}, so Bridge's Hydra parse refuses "
+                f"it (\"Could not delete from config. '{key}' does not exist.\"); drop the override"
+            )
+    return None
+
+
 def _base_recipe(name: str | None) -> Any:
     """The ``--recipe`` function as its source tells it, None without one, or why it is not found."""
     if name is None:
         return None
+    from .probes._source import megatron_subdir
     from .probes.recipe_source import find_recipe
 
     found = find_recipe(name)
-    if found is None:
+    if found is not None:
+        return found
+    if ":" in name:
+        module, _, func = name.rpartition(":")
         return (
-            f"--recipe {name}: no recipe function of that name in the installed Megatron-Bridge "
-            "(megatron/bridge/recipes); give its name or dotted path"
+            f"--recipe {name}: no function {func!r} found in {module!r} (looked for the file, on sys.path "
+            "and under the working directory); give module:function or path/to/file.py:function"
         )
-    return found
+    if megatron_subdir("bridge", "__init__.py") is None:
+        return (
+            f"--recipe {name}: Megatron-Bridge is not installed here, so its recipes cannot be read; "
+            "install megatron-bridge, or give your own recipe as module:function"
+        )
+    return (
+        f"--recipe {name}: no recipe function of that name in the installed Megatron-Bridge "
+        "(megatron/bridge/recipes); give its name, its dotted path, or your own as module:function"
+    )
 
 
 def _is_override(text: str) -> bool:

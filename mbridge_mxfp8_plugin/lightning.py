@@ -26,6 +26,7 @@ decide where the fixes must go:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -37,6 +38,7 @@ except ImportError as _exc:  # the extra is not installed
     ) from _exc
 
 from ._adapter import EngineHolder, find_model_chunks
+from ._log import log_rank_zero
 from .errors import MXFP8UsageError
 from .options import PluginOptions
 from .plan import distributed_optimizers
@@ -138,7 +140,8 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
     # ------------------------------------------------------------------ discovery
     def _chunks(self, trainer: Any, pl_module: Any) -> tuple[list[Any], str | None]:
         """The megatron-core DDP chunks (Megatron-FSDP wrappers, which ``_bind`` leaves to FSDP
-        with one log line), or ([], why the plugin does not apply)."""
+        with one log line), or ([], why the plugin does not apply). Only a ``model_getter`` that
+        misses raises: the user named the chunks, so finding none is their error, not our scope."""
         if self.model_getter is not None:
             got = self.model_getter(trainer, pl_module)
             roots: list[Any] = [got]
@@ -151,10 +154,13 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
             return fsdp, None
         where = "model_getter's result" if self.model_getter else "trainer.strategy.model and pl_module"
         seen = ", ".join(_describe(r) for r in roots if r is not None) or "nothing"
-        raise MXFP8UsageError(
-            f"MXFP8 param-sync plugin found no megatron-core DistributedDataParallel chunk in {where} "
-            f"(saw: {seen}); pass model_getter=lambda trainer, pl_module: [ddp_chunk, ...]"
+        why = (
+            f"found no megatron-core DistributedDataParallel chunk in {where} (saw: {seen}); if the "
+            "model has them, pass model_getter=lambda trainer, pl_module: [ddp_chunk, ...]"
         )
+        if self.model_getter is not None:  # the user pointed at the chunks and missed: an error
+            raise MXFP8UsageError(f"MXFP8 param-sync plugin {why}")
+        return [], why
 
     def _optimizer(self, trainer: Any, pl_module: Any) -> Any | None:
         if self.optimizer_getter is not None:
@@ -174,6 +180,12 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         if self._disabled():
             return None
         chunks, reason = self._chunks(trainer, pl_module)
+        if not chunks:
+            # As Bridge's callback on a model it does not apply to: one rank-0 line, then nothing.
+            if self.inactive_reason != reason:
+                self.inactive_reason = reason
+                log_rank_zero(logging.WARNING, "MXFP8 param-sync plugin inactive: %s.", reason)
+            return None
         self._bind(chunks, None, reason=reason)
         if self.engine is None:
             return None

@@ -122,9 +122,7 @@ def mxfp8_cast_columnwise(values: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return elements.t().reshape(values.shape), exponents.t().contiguous()
 
 
-def mxfp8_decode(
-    codes: torch.Tensor, exponents: torch.Tensor, *, columnwise: bool = False
-) -> torch.Tensor:
+def mxfp8_decode(codes: torch.Tensor, exponents: torch.Tensor, *, columnwise: bool = False) -> torch.Tensor:
     """fp32 values of MXFP8 ``codes`` (``float8_e4m3fn``, or their uint8 bytes) and E8M0
     ``exponents`` (uint8), by TE's dequantization: ``element * 2**(e - 127)``, 0 for ``e == 0``.
 

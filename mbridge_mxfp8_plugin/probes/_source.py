@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["block", "init_signature", "megatron_subdir", "module_file", "read_text"]
+__all__ = ["block", "init_signature", "megatron_subdir", "module_file", "read_text", "user_module_file"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -45,6 +45,22 @@ def module_file(dotted: str) -> Path | None:
         return None
     for root in _megatron_roots():
         base = root.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def user_module_file(spec: str) -> Path | None:
+    """The source of a user's module, as the launcher's ``module:function`` names it: a file path
+    (``recipes/mine.py``) or a dotted module on ``sys.path`` or under the working directory (where
+    the launcher is run), found without importing it."""
+    if spec.endswith(".py") or "/" in spec:
+        path = Path(spec)
+        return path if path.is_file() else None
+    parts = spec.split(".")
+    for entry in [*sys.path, "."]:
+        base = Path(entry or ".").joinpath(*parts)
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
             if candidate.is_file():
                 return candidate

@@ -216,6 +216,7 @@ TORCH_DTYPE_NAMES = frozenset(
     }
 )  # fmt: skip
 
+
 class BridgeFacts(NamedTuple):
     """What the installed Megatron-Bridge converts, read from its files."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._source import block, megatron_subdir, module_file
+from ._source import block, megatron_subdir, module_file, user_module_file
 from ._summary import summary
 
 __all__ = ["RecipeSource", "find_recipe"]
@@ -41,7 +41,12 @@ def _recipes_dir() -> Path | None:
 
 
 def _locate(name: str) -> tuple[Path, str] | None:
-    """(file, function) of a recipe given as a dotted path or a bare function name."""
+    """(file, function) of a recipe given as ``module:function`` (the launcher's form, a file path
+    allowed as the module), a dotted path into Bridge, or a bare function name."""
+    if ":" in name:
+        module, _, func = name.rpartition(":")
+        path = user_module_file(module) or module_file(module)
+        return (path, func) if path is not None and func else None
     module, _, func = name.rpartition(".")
     if module:
         path = module_file(module)
@@ -92,6 +97,8 @@ def find_recipe(name: str) -> RecipeSource | None:
         return None
     path, func = found
     text = block(path.read_text(encoding="utf-8", errors="replace"), "def", func)
+    if not text:
+        return None  # the module exists, the function does not
     try:
         tree = ast.parse(text)
     except SyntaxError:

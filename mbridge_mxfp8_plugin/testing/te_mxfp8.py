@@ -270,7 +270,11 @@ class TEShapedMXFP8Tensor(TEShapedQuantizedTensor):
 
     @classmethod
     def make_like(
-        cls, tensor: TEShapedMXFP8Tensor, *, shape: Any = None, dtype: torch.dtype | None = None,
+        cls,
+        tensor: TEShapedMXFP8Tensor,
+        *,
+        shape: Any = None,
+        dtype: torch.dtype | None = None,
         requires_grad: bool = False,
     ) -> TEShapedMXFP8Tensor:
         """A new tensor over the same buffers (TE's ``make_like``: what ``detach`` returns)."""

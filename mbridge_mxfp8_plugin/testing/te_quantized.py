@@ -19,13 +19,13 @@ from torch.utils._pytree import tree_map
 
 aten = torch.ops.aten
 
+
 def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
     strides, step = [], 1
     for n in reversed(shape):
         strides.append(step)
         step *= max(n, 1)
     return tuple(reversed(strides))
-
 
 
 class _Dequantize(torch.autograd.Function):
@@ -193,4 +193,3 @@ class _TransposedView(TEShapedQuantizedTensor):
 
     def quantize_(self, tensor: torch.Tensor) -> None:
         self._source.quantize_(tensor.t())
-

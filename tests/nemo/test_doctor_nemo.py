@@ -26,7 +26,10 @@ pytestmark = pytest.mark.skipif(NEMO is None, reason="nemo_toolkit is not instal
 def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "doctor", *args],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "NO_VCS_VERSION": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_VCS_VERSION": "1"},
     )
 
 

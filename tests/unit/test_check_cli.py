@@ -289,3 +289,58 @@ def test_no_megatron_core_means_defects_unknown_not_none(tmp_path):
     (mx009,) = [r for r in payload["rules"] if r["id"] == "MX009"]
     assert mx009["status"] == "n/a" and "unknown" in mx009["note"]
     assert "defects: unknown" in payload["installed"]
+
+
+def test_deleting_a_key_no_bridge_section_has_is_refused_as_bridge_refuses_it():
+    """``~train.nope``: Hydra (Bridge's parse, the launcher) refuses it; check used to exit 0."""
+    from mbridge_mxfp8_plugin.probes.fields import config_py
+
+    if config_py() is None:
+        pytest.skip("Megatron-Bridge's files are not installed here (the fast tier's venv has them)")
+    code, out, err = _run(TINY, ["~train.nope"])
+    assert code == 2, out + err
+    assert "~train.nope" in err and "'nope'" in err and "does not exist" in err
+    # A key the section does have deletes from the base recipe: still "not checked", not refused.
+    code, out, err = _run(TINY, ["~train.manual_gc"], dp_size=8)
+    assert code == 0, out + err
+    assert "~train.manual_gc: deletes a key of the base recipe" in out
+
+
+def test_recipe_given_as_module_function_is_read_from_the_users_file(tmp_path, monkeypatch):
+    """``--recipe my_recipe:my_cfg``, the launcher's form, and a file path form."""
+    (tmp_path / "my_recipe.py").write_text(
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n"
+        "def my_cfg():\n"
+        "    cfg = make()\n"
+        "    cfg.model = GPTModelProvider(num_layers=2)\n"
+        "    cfg.model.num_moe_experts = 8\n"
+        "    return cfg\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    from mbridge_mxfp8_plugin.probes.recipe_source import find_recipe
+
+    for spec in ("my_recipe:my_cfg", f"{tmp_path / 'my_recipe.py'}:my_cfg"):
+        found = find_recipe(spec)
+        assert found is not None and found.name == "my_cfg", spec
+        assert found.provider == "megatron.bridge.models.gpt_provider.GPTModelProvider"
+        assert found.model == {"num_moe_experts": 8}
+    code, out, err = _run(TINY, recipe_name="my_recipe:nope")
+    assert code == 2 and "no function 'nope' found in 'my_recipe'" in err, out + err
+
+
+def test_recipe_name_without_bridge_says_bridge_is_missing(monkeypatch):
+    from mbridge_mxfp8_plugin.probes import _source, recipe_source
+
+    monkeypatch.setattr(_source, "_megatron_roots", lambda: [])
+    recipe_source.find_recipe.cache_clear()
+    try:
+        code, out, err = _run(TINY, recipe_name="llama3_8b_pretrain_config")
+    finally:
+        recipe_source.find_recipe.cache_clear()
+    assert code == 2, out + err
+    assert "Megatron-Bridge is not installed" in err and "module:function" in err
+
+
+def test_header_echoes_every_argument_given():
+    code, out, _ = _run(TINY, dp_size=64)
+    assert out.splitlines()[0].endswith("--dp-size 64"), out.splitlines()[0]

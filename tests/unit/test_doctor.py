@@ -93,8 +93,13 @@ def test_doctor_imports_neither_torch_nor_megatron() -> None:
 def _core_files(*, a: bool, b1: bool, c: bool) -> object:
     from mbridge_mxfp8_plugin.probes import CoreBehaviour
 
-    return CoreBehaviour(pads_bucket_offsets=a, forced_sync_writes_back=b1, has_dispatch_reset=c,
-                         has_prepare_for_param_sync=c, has_reuse_knob=True)
+    return CoreBehaviour(
+        pads_bucket_offsets=a,
+        forced_sync_writes_back=b1,
+        has_dispatch_reset=c,
+        has_prepare_for_param_sync=c,
+        has_reuse_knob=True,
+    )
 
 
 @pytest.mark.parametrize(

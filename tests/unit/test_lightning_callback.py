@@ -76,15 +76,37 @@ def test_callback_is_a_picklable_lightning_callback():
         cb.load_state_dict({"stale": 1})
 
 
-def test_discovery_failure_names_what_was_found():
+@pytest.mark.parametrize("strict", [True, False])
+def test_no_megatron_chunk_is_one_line_and_nothing_else_as_in_bridge(caplog, strict):
+    """A Lightning model without megatron-core DDP chunks: one rank-0 WARNING naming what was
+    seen and ``model_getter``, then every hook a no-op, whatever ``strict`` (it used to raise
+    at ``Trainer.fit`` even with strict=False)."""
     import torch
 
-    cb = MXFP8ParamSyncLightningCallback()
+    cb = MXFP8ParamSyncLightningCallback(strict=strict)
     trainer = SimpleNamespace(strategy=SimpleNamespace(model=torch.nn.Linear(2, 2)), optimizers=[])
-    with pytest.raises(MXFP8UsageError) as err:
-        cb.on_fit_start(trainer, torch.nn.Sequential(torch.nn.ReLU()))
-    msg = str(err.value)
+    module = torch.nn.Sequential(torch.nn.ReLU())
+    with caplog.at_level(logging.INFO, logger="mbridge_mxfp8_plugin"):
+        cb.on_fit_start(trainer, module)
+        cb.on_train_start(trainer, module)
+        cb.on_train_batch_start(trainer, module, None, 0)
+        cb.on_validation_start(trainer, module)
+        cb.on_validation_end(trainer, module)
+        cb.on_train_batch_start(trainer, module, None, 1)
+    lines = [r for r in caplog.records if r.name.startswith("mbridge_mxfp8_plugin")]
+    assert len(lines) == 1 and lines[0].levelno >= logging.WARNING, [r.getMessage() for r in lines]
+    msg = lines[0].getMessage()
     assert "Linear" in msg and "Sequential" in msg and "model_getter=" in msg
+    assert cb.engine is None and not cb.history
+
+
+def test_a_model_getter_that_finds_no_chunk_is_an_error():
+    import torch
+
+    cb = MXFP8ParamSyncLightningCallback(model_getter=lambda t, m: torch.nn.Linear(2, 2))
+    with pytest.raises(MXFP8UsageError) as err:
+        cb.on_fit_start(SimpleNamespace(optimizers=[]), None)
+    assert "Linear" in str(err.value) and "model_getter's result" in str(err.value)
 
 
 def test_discovery_through_megatron_parallel_like_container_and_optimizer_wrappers():

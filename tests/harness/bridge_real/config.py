@@ -158,7 +158,7 @@ def build_config(spec: JobSpec, world_size: int) -> Any:
             dataloader_type="single",
             num_workers=0,
             data_sharding=True,
-        )
+        ),
     )
     return bc.ConfigContainer(
         rng=bc.RNGConfig(seed=spec.seed),
