@@ -18,10 +18,11 @@ from .sync import ParamSyncEngine, SyncStats
 
 __all__ = ["ensure_weights_current"]
 
-#: first model chunk -> (ids of all chunks, version counters of their buffers and main shards)
-#: when ensure_weights_current last made the weights current. Keyed by the chunk, not the
-#: engine: without an adapter nothing else keeps the shared engine alive between calls.
-_CURRENT_AT: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], tuple[int, ...]]] = (
+#: first model chunk -> (ids of all chunks, version counters of their buffers and main shards,
+#: the engine's refresh count) when ensure_weights_current last made the weights current. Keyed
+#: by the chunk, not the engine: without an adapter nothing else keeps the shared engine alive
+#: between calls.
+_CURRENT_AT: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], tuple[int, ...], int]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -61,7 +62,8 @@ def ensure_weights_current(model_chunks: Sequence[Any] | Any, optimizer: Any) ->
     * this function made them current last and no param/grad buffer or main shard has changed
       since (their version counters: every training step zeroes the buffers in place), or the
       plugin's engine refreshed them and no step has started since (its adapters clear the
-      engine's flag in ``step_started``);
+      engine's flag in ``step_started``), also when this function had made them current
+      before that refresh;
     * the loop's last forced sync gathered freshly staged main params and core wrote them back
       (Megatron-Bridge >= 0.6 on megatron-core >= 0.19, judged by behaviour: core offers
       ``prepare_model_params_for_param_sync``, writes forced gathers back and resets the
@@ -87,12 +89,13 @@ def ensure_weights_current(model_chunks: Sequence[Any] | Any, optimizer: Any) ->
     mine = recorded is not None and recorded[0] == key
     if mine and recorded is not None and recorded[1] == _versions(engine, optimizer):
         return SyncStats(note="weights already current (nothing changed since the last call)")
-    if engine.weights_fresh and not mine:
-        # An adapter refreshed; its step_started clears the flag at the next step.
+    if engine.weights_fresh and not (mine and recorded is not None and recorded[2] == engine.refreshes):
+        # An adapter refreshed after this function last did (or it never did); the adapter's
+        # step_started clears the flag at the next step.
         return SyncStats(note="weights already current (refreshed by the plugin)")
     # The engine's flag is only as good as its step_started calls; the counters say a step ran.
     engine.weights_fresh = False
     engine.loop_stages_itself()
     stats = engine.refresh_weights(gathered_fresh=None)
-    _CURRENT_AT[chunks[0]] = (key, _versions(engine, optimizer))
+    _CURRENT_AT[chunks[0]] = (key, _versions(engine, optimizer), engine.refreshes)
     return stats

@@ -24,6 +24,7 @@ megatron-core < 0.18 nobody copies the result into the params at all.
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
 from collections.abc import Sequence
@@ -37,6 +38,9 @@ from .probes import CoreBehaviour, probe_core, probe_live_loop
 from .probes.owners import SyncOwner, optimizer_sync_owner, sync_owner
 
 __all__ = ["ParamSyncEngine", "SyncStats"]
+
+#: stamps for ParamSyncEngine.refreshes
+_REFRESH_STAMPS = itertools.count(1)
 
 
 @dataclass
@@ -82,6 +86,9 @@ class ParamSyncEngine:
         self._stage_plans = StagePlans()
         self.alignment: AlignmentReport | None = None
         self.weights_fresh = False  # param.data = current main params (set by a refresh, cleared by a step)
+        #: process-wide stamp of this engine's last real refresh (0: none); unique across engines, so
+        #: ensure_weights_current tells its own refresh from a later one by any engine of the model
+        self.refreshes = 0
         self._staged_ahead = False  # staged for a forced sync the loop is about to issue
         self._loop_stages = False  # last answer of loop_stages_itself(), read through passive
 
@@ -400,6 +407,8 @@ class ParamSyncEngine:
         if not self.weights_fresh and not self.behaviour.forced_sync_writes_back:
             stats.buckets_zeroed += self._writes().run(zero=zero)
             stats.params_written += self._writes().params
+        if not self.weights_fresh:
+            self.refreshes = next(_REFRESH_STAMPS)
         self.weights_fresh = True
         self._staged_ahead = False
         stats.seconds = time.perf_counter() - t0

@@ -119,6 +119,23 @@ def _stale_and_ensure(out: dict[str, Any]) -> None:
     with _counting_gathers(gathers):
         stats = ensure_weights_current(job.model, job.optimizer)
     out["ensure3"] = (stats, gathers[0], verify_weights(job.model, job.optimizer, event="ensure3"))
+    # An adapter's refresh after this function's own: the engine's eval refresh made them
+    # current, so a call before the next step gathers nothing (its docstring's promise).
+    from mbridge_mxfp8_plugin import mxfp8_param_sync
+
+    sync = mxfp8_param_sync(job.model, job.optimizer)
+    sync.step_started()
+    train_step(job, *_batch(job, 51))
+    gathers = [0]
+    with _counting_gathers(gathers):
+        sync.before_eval()
+    out["eval_gathers"] = gathers[0]
+    gathers = [0]
+    with _counting_gathers(gathers):
+        stats = ensure_weights_current(job.model, job.optimizer)
+    out["ensure4"] = (stats, gathers[0], verify_weights(job.model, job.optimizer, event="ensure4"))
+    sync.after_eval()
+    sync.close()
     # One rank's copy of a bias drifts: the shard check cannot see it where this rank holds no
     # shard of it, the replica check must.
     name, param = next((n, p) for n, p in job.model[0].named_parameters() if n.endswith("bias"))
@@ -544,6 +561,11 @@ def test_stale_after_step_then_ensure(runs: list[dict[str, Any]]) -> None:
         assert not r["stale_again"].ok
         stats, gathers, after = r["ensure3"]
         assert gathers > 0 and after.ok, after.message()
+        # After the engine's eval refresh (which gathered), nothing more to gather.
+        assert r["eval_gathers"] > 0
+        stats, gathers, after = r["ensure4"]
+        assert gathers == 0 and stats.all_gathers == 0 and stats.params_written == 0, stats
+        assert after.ok, after.message()
 
 
 def test_replica_disagreement(runs: list[dict[str, Any]]) -> None:
