@@ -183,9 +183,9 @@ def _missing_deletion(deletions: list[str]) -> str | None:
     and open sections stay with the base recipe."""
     from .probes.fields import container_sections, section_fields
 
+    sections = container_sections() if deletions else None
     for key in deletions:
         section, _, rest = key.partition(".")
-        sections = container_sections()
         if sections is not None and section not in sections:
             return (
                 f"override '~{key}': {section!r} is not a section of Bridge's ConfigContainer, "

@@ -19,7 +19,7 @@ from .sync import ParamSyncEngine, SyncStats
 __all__ = ["ensure_weights_current"]
 
 #: first model chunk -> (ids of all chunks, version counters of their buffers and main shards,
-#: the engine's refresh count) when ensure_weights_current last made the weights current. Keyed
+#: the engine's refresh stamp) when ensure_weights_current last made the weights current. Keyed
 #: by the chunk, not the engine: without an adapter nothing else keeps the shared engine alive
 #: between calls.
 _CURRENT_AT: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], tuple[int, ...], int]] = (
@@ -89,7 +89,7 @@ def ensure_weights_current(model_chunks: Sequence[Any] | Any, optimizer: Any) ->
     mine = recorded is not None and recorded[0] == key
     if mine and recorded is not None and recorded[1] == _versions(engine, optimizer):
         return SyncStats(note="weights already current (nothing changed since the last call)")
-    if engine.weights_fresh and not (mine and recorded is not None and recorded[2] == engine.refreshes):
+    if engine.weights_fresh and not (mine and recorded is not None and recorded[2] == engine.refresh_stamp):
         # An adapter refreshed after this function last did (or it never did); the adapter's
         # step_started clears the flag at the next step.
         return SyncStats(note="weights already current (refreshed by the plugin)")
@@ -97,5 +97,5 @@ def ensure_weights_current(model_chunks: Sequence[Any] | Any, optimizer: Any) ->
     engine.weights_fresh = False
     engine.loop_stages_itself()
     stats = engine.refresh_weights(gathered_fresh=None)
-    _CURRENT_AT[chunks[0]] = (key, _versions(engine, optimizer), engine.refreshes)
+    _CURRENT_AT[chunks[0]] = (key, _versions(engine, optimizer), engine.refresh_stamp)
     return stats

@@ -39,7 +39,7 @@ from .probes.owners import SyncOwner, optimizer_sync_owner, sync_owner
 
 __all__ = ["ParamSyncEngine", "SyncStats"]
 
-#: stamps for ParamSyncEngine.refreshes
+#: stamps for ParamSyncEngine.refresh_stamp
 _REFRESH_STAMPS = itertools.count(1)
 
 
@@ -88,7 +88,7 @@ class ParamSyncEngine:
         self.weights_fresh = False  # param.data = current main params (set by a refresh, cleared by a step)
         #: process-wide stamp of this engine's last real refresh (0: none); unique across engines, so
         #: ensure_weights_current tells its own refresh from a later one by any engine of the model
-        self.refreshes = 0
+        self.refresh_stamp = 0
         self._staged_ahead = False  # staged for a forced sync the loop is about to issue
         self._loop_stages = False  # last answer of loop_stages_itself(), read through passive
 
@@ -408,7 +408,7 @@ class ParamSyncEngine:
             stats.buckets_zeroed += self._writes().run(zero=zero)
             stats.params_written += self._writes().params
         if not self.weights_fresh:
-            self.refreshes = next(_REFRESH_STAMPS)
+            self.refresh_stamp = next(_REFRESH_STAMPS)
         self.weights_fresh = True
         self._staged_ahead = False
         stats.seconds = time.perf_counter() - t0
