@@ -3,7 +3,7 @@
 Everything else is declared in pyproject.toml. The recipes stay at the repository's top level
 (where the README and Bridge users look for them); a declarative ``package-dir`` mapping would need
 the package list spelled out by hand, so the copy happens here instead.
-:func:`mbridge_mxfp8_plugin.recipe_files.recipe_path` finds them in either place.
+:func:`mbridge_mxfp8_plugin.config.recipe_files.recipe_path` finds them in either place.
 """
 
 from __future__ import annotations

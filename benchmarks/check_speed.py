@@ -70,7 +70,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["NO_VCS_VERSION"] = "1"
     py = sys.executable
-    check = [py, "-m", "mbridge_mxfp8_plugin.cli", "check", args.recipe]
+    check = [py, "-m", "mbridge_mxfp8_plugin.commands.cli", "check", args.recipe]
     load_before = os.getloadavg()
     result = {
         "recipe": args.recipe,

@@ -175,7 +175,7 @@ def _measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
     import torch
 
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback, ParamSyncEngine
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
 
     toy = ToyConfig(dims=(hidden,) * (layers + 1), micro_batch_size=4)

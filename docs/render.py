@@ -3,7 +3,7 @@
 Each block of a doc that repeats something kept elsewhere (the plugin's options, the defect and
 hazard tables, the loop API's calls, the GPU benchmark's figures) sits between
 ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` and is written here from its source:
-``PluginOptions``' field docstrings (``options.py``), ``defects.py``, ``api.py``'s docstring,
+``PluginOptions``' field docstrings (``options.py``), ``defects.py``, ``adapters/loop.py``'s docstring,
 and the committed benchmark results (:data:`RESULTS`). Only the text between markers is touched,
 so the prose around a block stays its author's.
 
@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mbridge_mxfp8_plugin.defects import DEFECTS, HAZARDS  # noqa: E402
+from mbridge_mxfp8_plugin.probes.defects import DEFECTS, HAZARDS  # noqa: E402
 from mbridge_mxfp8_plugin.options import PluginOptions, option_docs  # noqa: E402
 
 #: The GPU run the docs quote (``benchmarks/run_gpu.sh`` on 2 x H200, both passes); a new run is
@@ -98,8 +98,8 @@ def api_calls_in(code: str) -> list[str]:
 
 
 def api_example() -> str:
-    """The example block of ``api.py``'s docstring: the lines a loop adds, the one source."""
-    doc = ast.get_docstring(ast.parse((ROOT / "mbridge_mxfp8_plugin" / "api.py").read_text()))
+    """The example block of ``adapters/loop.py``'s docstring: the lines a loop adds, the one source."""
+    doc = ast.get_docstring(ast.parse((ROOT / "mbridge_mxfp8_plugin" / "adapters" / "loop.py").read_text()))
     assert doc and "::\n" in doc, "api.py's docstring has no example block"
     return doc.split("::\n", 1)[1].split("\n\n``", 1)[0]
 
@@ -246,7 +246,7 @@ def plugin_full() -> str:
 
 def recipe_names() -> str:
     """The recipes the package ships (checkout and wheel alike)."""
-    from mbridge_mxfp8_plugin.recipe_files import shipped_recipes
+    from mbridge_mxfp8_plugin.config.recipe_files import shipped_recipes
 
     return ", ".join(f"`{name}`" for name in shipped_recipes())
 

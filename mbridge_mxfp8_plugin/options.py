@@ -132,7 +132,7 @@ def option_problem(name: str, value: Any) -> str | None:
     """The one validator of a plugin option, used by YAML, overrides, the launcher and every
     constructor: None when ``value`` is acceptable, else one line naming the option, the value
     and what it must be."""
-    from ._yamltypes import suggest, type_problem
+    from .common.yamltypes import suggest, type_problem
 
     types = option_types()
     key = f"{PLUGIN_SECTION}.{name}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._yamltypes import yaml_literal
+from ..common.yamltypes import yaml_literal
 from ..probes.bridge_facts import MP_OWNED_KNOBS
 from ..probes.stack import InstalledStack
 from .view import UNKNOWN, ConfigView, Val

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._yamltypes import closest, example_value, suggest, type_problem, yaml_literal
+from ..common.yamltypes import closest, example_value, suggest, type_problem, yaml_literal
 from ..options import PLUGIN_SECTION
 from ..probes.bridge_facts import RENAMED_SECTIONS, dtype_name_problem
 from .values import ConfigView, InputIssue

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .._yamltypes import plain_data, yaml_literal
+from ..common.yamltypes import plain_data, yaml_literal
 from ..errors import MXFP8ConfigError
 from .view import UNKNOWN
 

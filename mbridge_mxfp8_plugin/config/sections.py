@@ -15,7 +15,7 @@ from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any
 
-from .._yamltypes import suggest
+from ..common.yamltypes import suggest
 from ..options import PLUGIN_SECTION, PluginOptions, option_problem, option_types
 from ..probes.bridge_facts import (
     BRIDGE_SECTION_EXTRAS,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any, NamedTuple
 
-from .._yamltypes import DTYPE
+from ..common.yamltypes import DTYPE
 from ..options import PLUGIN_SECTION
 from ._summary import MISSING, summary
 from .fields import class_fields

@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .._yamltypes import DTYPE, EnumType, type_problem
+from ..common.yamltypes import DTYPE, EnumType, type_problem
 from ._source import module_file
 from ._summary import MISSING, summary
 from .core import core_package_dir

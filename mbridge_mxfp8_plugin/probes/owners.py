@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..mcore.layout import has_layer_wise_marks
 from ._source import block, megatron_subdir, read_text
 
 __all__ = [
@@ -130,21 +131,6 @@ def _wrapped(obj: Any) -> Iterator[Any]:
             return
 
 
-def _layer_wise_marks(chunk: Any) -> bool:
-    """Core's own marks of LayerWise-managed buckets: params tagged by
-    ``tag_params_for_buffer_routing`` (main), buckets given ``set_layerwise_params_list``."""
-    for buffers in (getattr(chunk, "buffers", None), getattr(chunk, "expert_parallel_buffers", None)):
-        if not isinstance(buffers, (list, tuple)):
-            continue
-        for buffer in buffers:
-            for bucket in getattr(buffer, "buckets", ()):
-                if getattr(bucket, "layerwise_params_list", None) is not None:
-                    return True
-                if any(getattr(p, "is_managed_by_layer_wise_optimizer", False) for p in bucket.params_list):
-                    return True
-    return False
-
-
 def model_sync_owner(model_chunks: Sequence[Any] | None) -> SyncOwner | None:
     """Megatron-FSDP (or torch FSDP2) wrapping any chunk, or LayerWise marks on its buckets."""
     fsdp = fsdp_classes()
@@ -160,7 +146,7 @@ def model_sync_owner(model_chunks: Sequence[Any] | None) -> SyncOwner | None:
             config = getattr(obj, "ddp_config", None)
             if config is not None and getattr(config, "use_megatron_fsdp", False):
                 return SyncOwner(MEGATRON_FSDP, f"{type(obj).__name__}.ddp_config.use_megatron_fsdp=True")
-            if isinstance(own.get("buffers"), (list, tuple)) and _layer_wise_marks(obj):
+            if isinstance(own.get("buffers"), (list, tuple)) and has_layer_wise_marks(obj):
                 return SyncOwner(LAYER_WISE, "buckets marked as LayerWise-managed by megatron-core")
     return None
 

@@ -11,7 +11,7 @@ Two upstream answers exist, each found here by what the installed code does, nev
 
 :func:`probe_resume_files` reads them as text for ``doctor``; :func:`loop_rederives_after_load`
 asks the loaded modules at run time. The runtime's own decision also reads the live pre-hook
-state at the first step (:mod:`mbridge_mxfp8_plugin.resume`); these probes only say more.
+state at the first step (:mod:`mbridge_mxfp8_plugin.engine.resume`); these probes only say more.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..defects import core_defects
 from ._source import read_text
 from .core import CoreBehaviour, probe_core_files
+from .defects import core_defects
 from .hazards import HazardBehaviour, probe_hazard_files
 from .loops import bridge_training_dir
 from .versions import PackageOrigin, installed_versions, package_origin

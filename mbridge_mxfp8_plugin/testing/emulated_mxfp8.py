@@ -14,7 +14,7 @@ flags) and relies on four behaviours, all reproduced here:
 
 Numerics: Transformer Engine's rowwise E4M3 MXFP8 cast (its ``float_to_e8m0`` rule, not the OCP
 MX spec's ``floor(log2(amax)) - 8``), from the package's leaf module
-:mod:`mbridge_mxfp8_plugin.mxfp8_cast`, which states the rule and which the kit's TE-shaped param
+:mod:`mbridge_mxfp8_plugin.common.mxfp8_cast`, which states the rule and which the kit's TE-shaped param
 writes through too; re-exported here.
 
 :func:`mxfp8_cast` returns the E4M3 elements and the E8M0 exponent bytes, :func:`mxfp8_quantize`
@@ -46,7 +46,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..mxfp8_cast import mxfp8_cast, mxfp8_quantize
+from ..common.mxfp8_cast import mxfp8_cast, mxfp8_quantize
 from ._registry import registered_in_fp8_utils
 from .te_mxfp8 import TEShapedMXFP8Quantizer, make_te_mxfp8_param, te_shaped_mxfp8
 

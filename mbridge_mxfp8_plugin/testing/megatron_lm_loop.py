@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..mcore.layout import bucket_groups
+
 __all__ = ["dp_mean", "evaluate", "skipped_param_gathers", "train_step"]
 
 
@@ -30,12 +32,7 @@ def dp_mean(value: Any) -> float:
 def skipped_param_gathers(model: list[Any]) -> int:
     """Bucket groups marked "gather dispatched" with no gather in flight: the next forwards skip
     their all-gather and copy-back (defect C's signature). Diagnostics only; no loop needs it."""
-    return sum(
-        1
-        for chunk in model
-        for group in [*chunk.bucket_groups, *getattr(chunk, "expert_parallel_bucket_groups", [])]
-        if group.param_gather_dispatched and group.param_gather_handle is None
-    )
+    return sum(1 for g in bucket_groups(model) if g.param_gather_dispatched and g.param_gather_handle is None)
 
 
 def train_step(job: Any, x: Any, y: Any, skipped_gathers: list[int] | None = None) -> float:

@@ -28,7 +28,7 @@ megatron-core, Megatron-Bridge and the plugin take their Transformer Engine bran
   ``clear_high_precision_init_val`` (bound methods; the value is kept on CPU; after clearing,
   ``get`` returns None, as in TE).
 
-Numerics: TE's rule bit for bit, from :mod:`mbridge_mxfp8_plugin.mxfp8_cast`, in both directions.
+Numerics: TE's rule bit for bit, from :mod:`mbridge_mxfp8_plugin.common.mxfp8_cast`, in both directions.
 
 Which copy a GEMM reads. TE's GEMMs need the scaling blocks to run along the contraction
 dimension: the forward ``x @ W.T`` reads the row-wise copy, the grad-input GEMM ``dy @ W`` the
@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from ..mxfp8_cast import MXFP8_BLOCK, mxfp8_cast, mxfp8_cast_columnwise, mxfp8_decode
+from ..common.mxfp8_cast import MXFP8_BLOCK, mxfp8_cast, mxfp8_cast_columnwise, mxfp8_decode
 from ._registry import registered_in_fp8_utils
 from .te_quantized import TEShapedQuantizedTensor, _plain_values, _swaps_2d, _TransposedView
 

@@ -17,7 +17,7 @@ after an optimizer step) pass it. :func:`verify_weights` checks both:
   whether any peer's shard check failed.
 
 The check writes nothing; making the weights current is
-:func:`~mbridge_mxfp8_plugin.ensure_weights_current`'s job (in :mod:`~mbridge_mxfp8_plugin.ensure`,
+:func:`~mbridge_mxfp8_plugin.ensure_weights_current`'s job (in :mod:`~mbridge_mxfp8_plugin.engine.ensure`,
 beside the engine's other users). Cost and limits: docs/verify.md.
 """
 

@@ -2,7 +2,7 @@
 
 One program compares ``BLOCKS`` sampled 32-element blocks: it loads the main shard's elements,
 rounds them to bf16 as the gather delivers them, casts each block by Transformer Engine's MXFP8
-rule (:mod:`mbridge_mxfp8_plugin.mxfp8_cast` states it) and compares the E4M3 bytes and the E8M0
+rule (:mod:`mbridge_mxfp8_plugin.common.mxfp8_cast` states it) and compares the E4M3 bytes and the E8M0
 byte with the param's, adding the differing bytes into ``flags[flag]``. Every float conversion is
 done on the bits with integer arithmetic, not by the hardware's conversion instructions: the
 result is then the same on every GPU and in Triton's CPU interpreter (where the tests run it),

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..mxfp8_cast import MXFP8_BLOCK as BLOCK
+from ..common.mxfp8_cast import MXFP8_BLOCK as BLOCK
 
 __all__ = ["BLOCK", "Blocks", "Reader", "decode", "reader_for"]
 

@@ -11,9 +11,17 @@ from typing import Any
 
 import torch
 
-from ..chunks import model_chunks as _model_chunks
+from ..mcore.chunks import model_chunks as _model_chunks
+from ..mcore.layout import (
+    LAYOUT_ERRORS,
+    bucket_params,
+    buffers,
+    chunk_bucket_groups,
+    distributed_optimizers,
+    main_params,
+    main_shards,
+)
 from ..options import DEFAULT_VERIFY_SAMPLE
-from ..plan import distributed_optimizers
 from .read import Reader, reader_for
 from .replica import fold_sources, group_size, reduce_folds, row_sums
 from .report import WeightReport
@@ -71,36 +79,23 @@ def _owned_shards(optimizer: Any) -> tuple[dict[Any, Owned], str]:
     owned: dict[Any, Owned] = {}
     try:
         for opt in distributed_optimizers(optimizer):
-            for mains, params in zip(
-                opt.shard_fp32_from_float16_groups, opt.model_float16_groups, strict=True
-            ):
-                for main, param in zip(mains, params, strict=True):
-                    rng = opt._get_model_param_range_map(param)["param"]
-                    gbuf_index, _, bucket_id = opt.model_param_gbuf_map[param]
-                    data = opt.buffers[gbuf_index].buckets[bucket_id].param_data
-                    owned[param] = Owned(main, rng.start, rng.end, None if data is None else data.dtype)
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            for s in main_shards(opt):
+                data = s.bucket_data
+                owned[s.param] = Owned(
+                    s.main, s.param_start, s.param_end, None if data is None else data.dtype
+                )
+    except LAYOUT_ERRORS as exc:
         return owned, f"optimizer layout not readable ({type(exc).__name__}: {exc}); shard check partial"
     return owned, ""
 
 
 def _buffer_params(chunks: list[Any]) -> Iterator[tuple[Any, Any]]:
     """(the chunk's data-parallel group for the param's buffer, param) in buffer order."""
-    for chunk in chunks:
-        for expert, buffers in (
-            (False, chunk.buffers),
-            (True, getattr(chunk, "expert_parallel_buffers", [])),
-        ):
-            wanted = "expt_dp_group" if expert else "dp_cp_group"
-            for buffer in buffers:
-                group = getattr(chunk, wanted, None) or getattr(buffer, "data_parallel_group", None)
-                for bucket in buffer.buckets:
-                    for param in bucket.params_list:
-                        yield group, param
-
-
-def _groups(chunk: Any) -> list[Any]:
-    return list(chunk.bucket_groups) + list(getattr(chunk, "expert_parallel_bucket_groups", []))
+    for ref in buffers(chunks):
+        group = ref.data_parallel_group
+        for bucket in ref.bucket_list:
+            for param in bucket_params(bucket):
+                yield group, param
 
 
 def _unchecked_reason(param: Any, own: Owned, fp8: bool, mxfp8: bool) -> str:
@@ -170,7 +165,7 @@ def verify_weights(
         report.note = plan.note
     else:
         plan = _make_plan(chunks, optimizer, report, atol, stride, offset, layout or _Layout(()))
-    if any(g.param_gather_handle is not None for ch in chunks for g in _groups(ch)):
+    if any(g.param_gather_handle is not None for ch in chunks for g in chunk_bucket_groups(ch)):
         report.note = (report.note + "; " if report.note else "") + (
             "a param all-gather is in flight: this describes the weights before it lands"
         )
@@ -216,9 +211,7 @@ def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
             # What the reader and the batch key read off the param, besides where it is.
             layout = tuple(getattr(param, a, None) for a in _LAYOUT_ATTRS)
             parts.append((id(param), type(param), tuple(param.shape), at, layout))
-        for opt in distributed_optimizers(optimizer):
-            for mains in opt.shard_fp32_from_float16_groups:
-                parts.extend((id(m), _address(m)) for m in mains)
+        parts.extend((id(m), _address(m)) for m in main_params(optimizer))
     except (AttributeError, TypeError, RuntimeError):
         return ()
     return tuple(parts)

@@ -21,9 +21,9 @@ import torch
 from harness.mx_cases import DEFECTIVE, TINY
 from harness.te_stub import importer_scoped_stubs
 
+from mbridge_mxfp8_plugin.adapters.recipes import PluginOptions, RecipeError, apply_recipe, read_recipe
 from mbridge_mxfp8_plugin.config.read import merge_onto_container
 from mbridge_mxfp8_plugin.errors import MXFP8ConfigError
-from mbridge_mxfp8_plugin.recipes import PluginOptions, RecipeError, apply_recipe, read_recipe
 
 
 @pytest.fixture(scope="module")

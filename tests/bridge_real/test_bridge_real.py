@@ -57,8 +57,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def _stack():
-    from mbridge_mxfp8_plugin.defects import defects_present
     from mbridge_mxfp8_plugin.probes import probe_bridge_files, probe_core_files
+    from mbridge_mxfp8_plugin.probes.defects import defects_present
 
     core, loop = probe_core_files(), probe_bridge_files()
     assert core is not None and loop is not None

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mbridge_mxfp8_plugin.launch import main
+from mbridge_mxfp8_plugin.commands.launch import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny_gpt_mxfp8_launch.yaml"

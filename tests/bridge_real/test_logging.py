@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from mbridge_mxfp8_plugin import _log
-from mbridge_mxfp8_plugin._log import WARNING_LEVEL, log_rank_zero
+from mbridge_mxfp8_plugin.common import log as _log
+from mbridge_mxfp8_plugin.common.log import WARNING_LEVEL, log_rank_zero
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 _CHILD = textwrap.dedent(
     """
     import dataclasses, logging, sys, warnings
-    from mbridge_mxfp8_plugin._log import log_rank_zero, logger
-    from mbridge_mxfp8_plugin.recipes import apply_recipe
+    from mbridge_mxfp8_plugin.common.log import log_rank_zero, logger
+    from mbridge_mxfp8_plugin.adapters.recipes import apply_recipe
     from harness.te_stub import importer_scoped_stubs
     with importer_scoped_stubs():  # apply_recipe merges with Bridge's omegaconf_utils; its package reaches TE
         from megatron.bridge.training.utils import omegaconf_utils

@@ -425,7 +425,7 @@ def _fit_and_test(
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
+    from mbridge_mxfp8_plugin.adapters.lightning import MXFP8ParamSyncLightningCallback
 
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     module = classes["ToyLightningModule"](job, order, record, [])

@@ -73,7 +73,7 @@ def _fit(
 
     from harness.lightning_loop import ORDERS, LightningRun, _loader
     from harness.resume_loop import planted_band
-    from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
+    from mbridge_mxfp8_plugin.adapters.lightning import MXFP8ParamSyncLightningCallback
     from mbridge_mxfp8_plugin.testing.toy import build_job, make_batches
 
     classes = _classes()

@@ -340,7 +340,7 @@ def _run(
     from nemo import lightning as nl
     from nemo.collections import llm
 
-    from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
+    from mbridge_mxfp8_plugin.adapters.lightning import MXFP8ParamSyncLightningCallback
 
     from .lightning_loop import make_event_recorder, record_param_syncs
 

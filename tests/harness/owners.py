@@ -77,8 +77,10 @@ def _layer_wise(job: Any) -> Any:
 def _rank_body(gate: bool, loop: str) -> OwnerRun:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("NO_VCS_VERSION", "1")
-    from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback, _adapter, sync
-    from mbridge_mxfp8_plugin._log import logger
+    from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
+    from mbridge_mxfp8_plugin.adapters import session as _adapter
+    from mbridge_mxfp8_plugin.common.log import logger
+    from mbridge_mxfp8_plugin.engine import sync
     from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
     from mbridge_mxfp8_plugin.testing.toy import build_job
@@ -125,7 +127,7 @@ def _fsdp_rank_body() -> OwnerRun:
     from megatron.core.transformer import TransformerConfig
 
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-    from mbridge_mxfp8_plugin._log import logger
+    from mbridge_mxfp8_plugin.common.log import logger
     from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
 
     from .bridge_real.costs import CostMeter

@@ -36,7 +36,8 @@ class ReadyRun:
 
 
 def _staged(job: Any) -> bool:
-    from mbridge_mxfp8_plugin.plan import StagePlans, distributed_optimizers
+    from mbridge_mxfp8_plugin.engine.plan import StagePlans
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     plans = StagePlans()
     for opt in distributed_optimizers(job.optimizer):
@@ -49,7 +50,7 @@ def _staged(job: Any) -> bool:
 
 
 def _dispatched(job: Any) -> list[bool]:
-    from mbridge_mxfp8_plugin.plan import bucket_groups
+    from mbridge_mxfp8_plugin.mcore.layout import bucket_groups
 
     return [bool(g.param_gather_dispatched) for g in bucket_groups(job.model)]
 
@@ -74,7 +75,7 @@ def _rank_body(loop: str, naive: bool) -> ReadyRun:
     from megatron.core.distributed import distributed_data_parallel as ddp_mod
 
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-    from mbridge_mxfp8_plugin.plan import bucket_groups
+    from mbridge_mxfp8_plugin.mcore.layout import bucket_groups
     from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
     from mbridge_mxfp8_plugin.testing.toy import build_job

@@ -65,7 +65,7 @@ def param_tensors(name: str, param: Any) -> dict[str, torch.Tensor]:
 
 
 def final_state(job: Any) -> dict[str, torch.Tensor]:
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     out: dict[str, torch.Tensor] = {}
     for i, chunk in enumerate(job.model):
@@ -86,7 +86,7 @@ def saved_values(param: Any) -> torch.Tensor:
 
 
 def take_checkpoint(job: Any) -> dict[str, Any]:
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     model = [{n: saved_values(p) for n, p in c.module.named_parameters()} for c in job.model]
     opts = []
@@ -112,7 +112,7 @@ def load_checkpoint(job: Any, ckpt: dict[str, Any]) -> None:
 
 def load_optimizer_state(job: Any, saved: list[Any]) -> None:
     """The fp32 main shards and Adam's state of each distributed optimizer, as stored."""
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     with torch.no_grad():
         for opt, (mains, inner) in zip(distributed_optimizers(job.optimizer), saved, strict=True):
@@ -128,7 +128,7 @@ class _Loop:
     """Megatron-LM's ``train()`` around the kit's ``train_step``/``evaluate``, with the loop API."""
 
     def __init__(self, job: Any, order: str, plugin: bool, rec: ResumeRecord) -> None:
-        from mbridge_mxfp8_plugin.api import mxfp8_param_sync
+        from mbridge_mxfp8_plugin.adapters.loop import mxfp8_param_sync
 
         self.job, self.order, self.rec = job, order, rec
         self.toggle = job.ddp_config.use_distributed_optimizer and job.ddp_config.overlap_param_gather
@@ -184,8 +184,8 @@ class _Loop:
 
 def _resumed(job: Any, order: str, *, fix: bool) -> ResumeRecord:
     """Train a job that was just loaded from SAVE_AT to the end, with the F fix on or patched out."""
-    from mbridge_mxfp8_plugin import resume as resume_mod
-    from mbridge_mxfp8_plugin.sync import SyncStats
+    from mbridge_mxfp8_plugin.engine import resume as resume_mod
+    from mbridge_mxfp8_plugin.engine.sync import SyncStats
 
     rec = ResumeRecord()
     saved = resume_mod.rederive_after_load

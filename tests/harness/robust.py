@@ -155,7 +155,7 @@ def layout_info(job: Job) -> dict[str, Any]:
     """Chunks, buckets and bucket groups (dense and expert), optimizers and group sizes."""
     from megatron.core import fp8_utils, parallel_state
 
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     chunks = []
     for chunk in job.model:
@@ -255,7 +255,7 @@ def _recover_after_eval_error(job: Job) -> None:
 
 def _optimizer_state(job: Job) -> list[dict[str, Any]]:
     """Each DistributedOptimizer's fp32 main-param shards and torch optimizer state, cloned."""
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     out = []
     for opt in distributed_optimizers(job.optimizer):
@@ -277,7 +277,7 @@ def _optimizer_state(job: Job) -> list[dict[str, Any]]:
 
 def _load_checkpoint(job: Job, weights: dict[str, torch.Tensor], opt_state: list[dict[str, Any]]) -> None:
     """Load a saved ``param.data`` snapshot and the optimizer shards into a fresh job."""
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     with torch.no_grad():
         named = {f"{i}.{n}": p for i, chunk in enumerate(job.model) for n, p in chunk.named_parameters()}
@@ -462,7 +462,7 @@ def _misuse_checks() -> dict[str, str]:
     from types import SimpleNamespace
 
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-    from mbridge_mxfp8_plugin.sync import ParamSyncEngine
+    from mbridge_mxfp8_plugin.engine.sync import ParamSyncEngine
     from mbridge_mxfp8_plugin.testing.toy import ToyModel
 
     case = Case("misuse")
@@ -498,8 +498,8 @@ def _in_flight_checks(job: Job) -> dict[str, str]:
     """An asynchronous gather in flight (as ``overlap_param_gather_with_optimizer_step`` leaves
     one after the optimizer step) must survive every engine call but a full refresh, which waits
     for it and then re-gathers freshly staged main params."""
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
-    from mbridge_mxfp8_plugin.sync import ParamSyncEngine
+    from mbridge_mxfp8_plugin.engine.sync import ParamSyncEngine
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     engine = ParamSyncEngine(job.model, job.optimizer)
     engine.prepare()
@@ -546,7 +546,7 @@ def max_weight_error(job: Job) -> float:
     """
     from megatron.core import fp8_utils
 
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import mxfp8_quantize
 
     ranges: dict[Any, Any] = {}

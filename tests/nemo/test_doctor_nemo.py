@@ -13,7 +13,7 @@ from importlib import metadata
 
 import pytest
 
-from mbridge_mxfp8_plugin.defects import NEMO_LAST_RELEASE, NEMO_TERMS
+from mbridge_mxfp8_plugin.probes.defects import NEMO_LAST_RELEASE, NEMO_TERMS
 
 try:
     NEMO = metadata.version("nemo_toolkit")
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(NEMO is None, reason="nemo_toolkit is not instal
 
 def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "doctor", *args],
+        [sys.executable, "-m", "mbridge_mxfp8_plugin.commands.cli", "doctor", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -20,7 +20,7 @@ _EXPERT_LAYERS = (2, 3)
 
 def _offsets(model: list[Any]) -> list[dict[str, Any]]:
     """Per param: megatron-core's ``param_to_index``, the padded truth, and the naive running sum."""
-    from mbridge_mxfp8_plugin.buckets import iter_buckets
+    from mbridge_mxfp8_plugin.mcore.buckets import iter_buckets
 
     names = {p: n for n, p in model[0].named_parameters()}
     rows = []

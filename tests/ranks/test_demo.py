@@ -8,7 +8,7 @@ def test_demo_matches_reference_with_plugin_and_fails_without(monkeypatch):
     and its verdict on a plugin that did nothing (the OFF run reported as ON) is exit code 1."""
     import io
 
-    from mbridge_mxfp8_plugin import demo
+    from mbridge_mxfp8_plugin.commands import demo
 
     runs = demo.collect_runs(world_size=2, train_iters=5, eval_interval=2)
     assert sorted(runs["reference"].eval_losses) == [2, 4] and len(runs["on"].train_losses) == 5

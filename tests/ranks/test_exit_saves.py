@@ -22,7 +22,7 @@ from harness.robust import Case, run_cases
 from harness.weights import expected_mxfp8_weights, worst_diff
 
 from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-from mbridge_mxfp8_plugin.bridge import EXIT_DURATION_MARGIN_S
+from mbridge_mxfp8_plugin.adapters.bridge import EXIT_DURATION_MARGIN_S
 
 pytestmark = pytest.mark.matrix  # every release-pair cell runs it (.ci/matrix.sh)
 

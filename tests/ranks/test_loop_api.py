@@ -49,7 +49,7 @@ class LoopRecord(RunRecord):
 
 def _train(job: Any, plugin: bool) -> LoopRecord:
     """``train()`` of Megatron-LM core_v0.16.1 training.py (L2417-3012), with the API's lines."""
-    from mbridge_mxfp8_plugin.api import mxfp8_param_sync
+    from mbridge_mxfp8_plugin.adapters.loop import mxfp8_param_sync
     from mbridge_mxfp8_plugin.testing.toy import make_batches
 
     model, optimizer = job.model, job.optimizer

@@ -151,7 +151,7 @@ def _case_b(mode: str) -> dict[str, Any]:
     before it but nothing written back (core 0.16.1 writes forced gathers back never); ``b2_off``
     the gathered buffer written back without staging (it holds reduced gradients); ``on`` the API."""
     from mbridge_mxfp8_plugin import mxfp8_param_sync, verify_weights
-    from mbridge_mxfp8_plugin.sync import ParamSyncEngine
+    from mbridge_mxfp8_plugin.engine.sync import ParamSyncEngine
     from mbridge_mxfp8_plugin.testing.megatron_lm_loop import train_step
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
 
@@ -203,7 +203,7 @@ def _case_c(mode: str) -> dict[str, Any]:
     in); ``c_off``: nothing else, ``c_fixed``: only the engine's dispatch reset after the sync,
     ``on``: the API."""
     from mbridge_mxfp8_plugin import mxfp8_param_sync, verify_weights
-    from mbridge_mxfp8_plugin.sync import ParamSyncEngine
+    from mbridge_mxfp8_plugin.engine.sync import ParamSyncEngine
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
 
     job = build_job(ToyConfig())
@@ -393,7 +393,7 @@ def _case_plans() -> dict[str, Any]:
 
 def _snapshot(job: Any) -> tuple[dict[str, torch.Tensor], list[list[torch.Tensor]]]:
     """What a checkpoint holds after a save: every ``param.data`` and the fp32 main shards."""
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     weights = {
         f"{i}.{n}": (p.dequantize() if hasattr(p, "dequantize") else p.detach()).clone()
@@ -408,7 +408,7 @@ def _snapshot(job: Any) -> tuple[dict[str, torch.Tensor], list[list[torch.Tensor
 
 
 def _load(job: Any, snapshot: tuple[dict[str, torch.Tensor], list[list[torch.Tensor]]]) -> None:
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     weights, mains = snapshot
     with torch.no_grad():

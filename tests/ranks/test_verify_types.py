@@ -84,7 +84,7 @@ def _flip_block(param: Any, start: int) -> None:
 def _te_rule_disagrees(job: Any) -> int:
     """Elements of owned MXFP8 slices where TE's rule, applied to the main shard, differs from the
     weights the job computes with (0 for a type that follows TE's rule)."""
-    from mbridge_mxfp8_plugin.mxfp8_cast import mxfp8_quantize
+    from mbridge_mxfp8_plugin.common.mxfp8_cast import mxfp8_quantize
     from mbridge_mxfp8_plugin.verify.weights import _owned_shards
 
     owned, _ = _owned_shards(job.optimizer)

@@ -45,7 +45,7 @@ def test_bridge_example_has_no_false_alarm(tag: Path, path: Path, mxfp8: bool):
     env = {**os.environ, "NO_VCS_VERSION": "1", "PYTHONPATH": str(tag / "src")}
     extra = ["++mixed_precision=bf16_with_mxfp8_mixed"] if mxfp8 else []
     proc = subprocess.run(
-        [sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "check", str(path), *extra],
+        [sys.executable, "-m", "mbridge_mxfp8_plugin.commands.cli", "check", str(path), *extra],
         capture_output=True,
         text=True,
         env=env,

@@ -11,8 +11,8 @@ import sys
 import pytest
 from harness.mx_cases import CASES, DEFECTIVE, RECIPES, ROOT, TINY, Case
 
-from mbridge_mxfp8_plugin.check import run_check
-from mbridge_mxfp8_plugin.cli import build_parser
+from mbridge_mxfp8_plugin.commands.check import run_check
+from mbridge_mxfp8_plugin.commands.cli import build_parser
 
 
 def _run(recipe, overrides=(), **kw):
@@ -25,7 +25,7 @@ def _run(recipe, overrides=(), **kw):
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NO_VCS_VERSION": "1", "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
-        [sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "check", *args],
+        [sys.executable, "-m", "mbridge_mxfp8_plugin.commands.cli", "check", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -168,7 +168,7 @@ def _imported(*args: str) -> set[str]:
 def test_check_imports_neither_torch_nor_megatron_core(overrides):
     """The property behind check's speed: the installed releases are read from their files."""
     modules = _imported(
-        "-m", "mbridge_mxfp8_plugin.cli", "check", str(RECIPES[0].relative_to(ROOT)), *overrides
+        "-m", "mbridge_mxfp8_plugin.commands.cli", "check", str(RECIPES[0].relative_to(ROOT)), *overrides
     )
     # it did run (importlib.import_module'd packages show only through their submodules)
     assert "mbridge_mxfp8_plugin.config.rules" in modules and "omegaconf.base" in modules
@@ -181,7 +181,10 @@ def test_check_imports_neither_torch_nor_megatron_core(overrides):
 def test_importing_the_package_is_lazy():
     modules = _imported("-c", "import mbridge_mxfp8_plugin as m; m.PluginOptions; m.MXFP8ConfigError")
     assert not any(m.split(".")[0] == "torch" or m.startswith("megatron.") for m in modules)
-    assert "mbridge_mxfp8_plugin.bridge" not in modules and "mbridge_mxfp8_plugin.validate" not in modules
+    assert (
+        "mbridge_mxfp8_plugin.adapters.bridge" not in modules
+        and "mbridge_mxfp8_plugin.validate" not in modules
+    )
 
 
 # --------------------------------------------------------------------------- check says only what it checked

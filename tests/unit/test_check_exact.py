@@ -17,7 +17,7 @@ import sys
 import pytest
 from harness.mx_cases import DEFECTIVE, ROOT
 
-from mbridge_mxfp8_plugin.check import run_check
+from mbridge_mxfp8_plugin.commands.check import run_check
 from mbridge_mxfp8_plugin.errors import MXFP8ConfigError
 from mbridge_mxfp8_plugin.options import PluginOptions
 from mbridge_mxfp8_plugin.probes.fields import container_sections
@@ -206,7 +206,14 @@ def test_mx103_does_not_pass_a_name_it_could_not_look_up(monkeypatch):
 def test_a_malformed_override_is_exit_2_in_one_line(override):
     env = {**os.environ, "NO_VCS_VERSION": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "check", str(DATA / "mp_mapping.yaml"), override],
+        [
+            sys.executable,
+            "-m",
+            "mbridge_mxfp8_plugin.commands.cli",
+            "check",
+            str(DATA / "mp_mapping.yaml"),
+            override,
+        ],
         capture_output=True,
         text=True,
         env=env,

@@ -19,13 +19,13 @@ COULD_NOT_RUN = 2
 
 
 def _cli(*args: str, isolated: bool = False, **kw: object) -> subprocess.CompletedProcess[str]:
-    """``python -m mbridge_mxfp8_plugin.cli ARGS`` from the checkout. ``isolated``: without
+    """``python -m mbridge_mxfp8_plugin.commands.cli ARGS`` from the checkout. ``isolated``: without
     site-packages (``-S``), i.e. on a machine where torch, megatron-core, omegaconf are not installed."""
     env = {**os.environ, "NO_VCS_VERSION": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("MXFP8_PLUGIN_TRACEBACK", None)
     if isolated:
         env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, *(["-S"] if isolated else []), "-m", "mbridge_mxfp8_plugin.cli", *args]
+    cmd = [sys.executable, *(["-S"] if isolated else []), "-m", "mbridge_mxfp8_plugin.commands.cli", *args]
     kw.setdefault("capture_output", True)
     return subprocess.run(cmd, text=True, cwd=ROOT, env=env, timeout=300, **kw)  # type: ignore[call-overload]
 
@@ -108,7 +108,7 @@ def test_check_finds_a_shipped_recipe_by_name():
 def test_doctor_survives_a_closed_pipe():
     """``doctor --json | head -1``, and the harder case: the reader is gone before the first write."""
     piped = subprocess.run(
-        f"{sys.executable} -m mbridge_mxfp8_plugin.cli doctor --json | head -1",
+        f"{sys.executable} -m mbridge_mxfp8_plugin.commands.cli doctor --json | head -1",
         shell=True,
         capture_output=True,
         text=True,
@@ -152,7 +152,7 @@ def test_help_is_plain_text(command: str | None):
 def test_an_unexpected_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """A failing rank's error arrives carrying that rank's traceback text; the user sees its headline
     and the error, on one line (MXFP8_PLUGIN_TRACEBACK=1 shows the rest)."""
-    from mbridge_mxfp8_plugin import cli, demo
+    from mbridge_mxfp8_plugin.commands import cli, demo
 
     rank_error = (
         'rank 1 failed:\nTraceback (most recent call last):\n  File "toy.py", line 3, in step\n'

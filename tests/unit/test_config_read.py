@@ -16,7 +16,7 @@ import pytest
 import yaml
 from harness.mx_cases import DEFECTIVE, ROOT
 
-from mbridge_mxfp8_plugin.check import run_check
+from mbridge_mxfp8_plugin.commands.check import run_check
 from mbridge_mxfp8_plugin.config.read import MAX_BYTES, read_recipe_file
 from mbridge_mxfp8_plugin.probes import bridge_facts as installed
 
@@ -192,7 +192,7 @@ def test_non_utf8_directory_huge_and_multi_document(tmp_path):
 _MEASURE = textwrap.dedent(
     """
     import io, json, resource, sys, time
-    from mbridge_mxfp8_plugin.check import run_check
+    from mbridge_mxfp8_plugin.commands.check import run_check
     t0 = time.perf_counter()
     err = io.StringIO()
     code = run_check(sys.argv[1], out=io.StringIO(), err=err)
@@ -267,7 +267,7 @@ def test_data_files_exist():
 def test_missing_reader_is_one_line_naming_the_fix(blocked, overrides):
     script = (
         f"import sys; sys.modules[{blocked!r}] = None\n"
-        "from mbridge_mxfp8_plugin.cli import main\n"
+        "from mbridge_mxfp8_plugin.commands.cli import main\n"
         f"sys.exit(main(['check', 'recipes/tiny_debug_mxfp8.yaml', *{overrides!r}]))\n"
     )
     proc = subprocess.run(

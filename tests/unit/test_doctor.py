@@ -20,7 +20,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NO_VCS_VERSION": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "mbridge_mxfp8_plugin.cli", "doctor", *args],
+        [sys.executable, "-m", "mbridge_mxfp8_plugin.commands.cli", "doctor", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -69,19 +69,19 @@ def test_doctor_text_exits_zero() -> None:
 
 def test_doctor_renders_the_one_defect_table() -> None:
     """Every row of defects.DEFECTS reaches the user verbatim; doctor keeps no prose of its own."""
-    from mbridge_mxfp8_plugin.defects import DEFECTS
+    from mbridge_mxfp8_plugin.probes.defects import DEFECTS
 
     proc = _doctor()
     assert proc.returncode == 0, proc.stderr
     for d in DEFECTS.values():
         assert d.symptom in proc.stdout and d.fixed_in in proc.stdout, d.id
-    doctor_src = (Path(__file__).resolve().parents[2] / "mbridge_mxfp8_plugin" / "doctor.py").read_text()
+    doctor_src = (Path(__file__).resolve().parents[2] / "mbridge_mxfp8_plugin" / "commands" / "doctor.py").read_text()
     assert not any(d.symptom[:40] in doctor_src for d in DEFECTS.values())
 
 
 def test_doctor_imports_neither_torch_nor_megatron() -> None:
     code = (
-        "import sys; from mbridge_mxfp8_plugin.doctor import diagnose; r = diagnose(); "
+        "import sys; from mbridge_mxfp8_plugin.commands.doctor import diagnose; r = diagnose(); "
         "heavy = sorted(m for m in sys.modules "
         "if m.split('.')[0] == 'torch' or m.startswith('megatron.core')); "
         "print(heavy); assert not heavy, heavy; assert r['defects'], r"
@@ -118,7 +118,7 @@ def _core_files(*, a: bool, b1: bool, c: bool) -> object:
 def test_defects_present_is_decided_in_one_place(fixed, loop, present) -> None:
     from types import SimpleNamespace
 
-    from mbridge_mxfp8_plugin.defects import DEFECTS, defects_present
+    from mbridge_mxfp8_plugin.probes.defects import DEFECTS, defects_present
 
     staging = (
         None
@@ -134,7 +134,7 @@ def test_no_megatron_core_reports_the_core_defects_unknown(monkeypatch) -> None:
     """Unknown is not "none": without megatron-core, A, B1 and C are listed as unknown."""
     import io
 
-    from mbridge_mxfp8_plugin import doctor
+    from mbridge_mxfp8_plugin.commands import doctor
 
     monkeypatch.setattr(doctor, "probe_core_files", lambda: None)
     report = doctor.diagnose()
@@ -184,7 +184,7 @@ _NEMO_SPEECH = {
 def _doctor_text(monkeypatch, dists: dict[str, _FakeDist]) -> tuple[dict, str]:
     import io
 
-    from mbridge_mxfp8_plugin import doctor
+    from mbridge_mxfp8_plugin.commands import doctor
 
     monkeypatch.setattr(doctor, "metadata", _fake_metadata(dists))
     report = doctor.diagnose()
@@ -197,8 +197,8 @@ def test_doctor_lists_nemo_and_lightning_and_speaks_nemo(monkeypatch) -> None:
     """A NeMo 2 environment: nemo_toolkit and Lightning listed, the loop's stage / forced-sync /
     pre-hook points named in NeMo's terms, every defect with its NeMo wording, and why NeMo 2 users
     keep the defects (2.7 is the last NeMo with the LLM stack)."""
-    from mbridge_mxfp8_plugin import doctor
-    from mbridge_mxfp8_plugin.defects import NEMO_LAST_RELEASE, NEMO_TERMS
+    from mbridge_mxfp8_plugin.commands import doctor
+    from mbridge_mxfp8_plugin.probes.defects import NEMO_LAST_RELEASE, NEMO_TERMS
 
     monkeypatch.setattr(doctor, "probe_bridge_files", lambda: None)  # NeMo's env has no Bridge
     report, text = _doctor_text(monkeypatch, _NEMO2)
@@ -246,7 +246,7 @@ def test_doctor_on_nemo_speech_says_there_is_no_llm_stack(monkeypatch) -> None:
     ],
 )
 def test_f_is_decided_from_the_resume_probe(keeps_prehooks, loader_rederives, present) -> None:
-    from mbridge_mxfp8_plugin.defects import defects_present
+    from mbridge_mxfp8_plugin.probes.defects import defects_present
     from mbridge_mxfp8_plugin.probes.resume import ResumeBehaviour
 
     resume = ResumeBehaviour(keeps_prehooks_on_mxfp8_resume=keeps_prehooks, loader_rederives=loader_rederives)
@@ -256,7 +256,7 @@ def test_f_is_decided_from_the_resume_probe(keeps_prehooks, loader_rederives, pr
 
 def test_doctor_reads_the_resume_side(monkeypatch) -> None:
     """doctor's F verdict follows the probe (a loop that keeps the pre-hooks on: F fixed)."""
-    from mbridge_mxfp8_plugin import doctor
+    from mbridge_mxfp8_plugin.commands import doctor
     from mbridge_mxfp8_plugin.probes.resume import ResumeBehaviour
 
     for keeps, expected in ((True, False), (False, True)):
@@ -273,7 +273,7 @@ def test_doctor_names_the_param_syncs_it_leaves_alone(monkeypatch, shipped) -> N
     them and why a job they own gets no engine (issue 24: check and doctor say why)."""
     import io
 
-    from mbridge_mxfp8_plugin import doctor
+    from mbridge_mxfp8_plugin.commands import doctor
     from mbridge_mxfp8_plugin.probes.owners import OwnerFiles
 
     monkeypatch.setattr(doctor, "probe_owner_files", lambda: OwnerFiles(shipped, shipped, shipped))

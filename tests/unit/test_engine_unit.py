@@ -15,9 +15,9 @@ import pytest
 import torch
 from harness.fake_core import RELEASES, N, make_job
 
-from mbridge_mxfp8_plugin import sync
+from mbridge_mxfp8_plugin.engine import sync
+from mbridge_mxfp8_plugin.engine.sync import ParamSyncEngine, SyncStats
 from mbridge_mxfp8_plugin.errors import MXFP8UsageError
-from mbridge_mxfp8_plugin.sync import ParamSyncEngine, SyncStats
 
 pytestmark = pytest.mark.parametrize("release", RELEASES, ids=[r.name for r in RELEASES])
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from mbridge_mxfp8_plugin import validate_config
-from mbridge_mxfp8_plugin.defects import HAZARDS, hazards_exposed
 from mbridge_mxfp8_plugin.probes import probe_hazard_files
+from mbridge_mxfp8_plugin.probes.defects import HAZARDS, hazards_exposed
 
 pytest.importorskip("megatron.core")
 if importlib.util.find_spec("megatron.bridge") is None:  # imported later, under the harness' TE stub
@@ -98,7 +98,7 @@ def _bridge_config_importable() -> bool:
 
 def _recipe(mode: str) -> dict[str, Any]:
     """The shipped tiny MXFP8 recipe as Bridge would merge it (plugin mode), or its bf16 twin."""
-    from mbridge_mxfp8_plugin.recipes import read_recipe
+    from mbridge_mxfp8_plugin.adapters.recipes import read_recipe
 
     data = read_recipe("tiny_debug_mxfp8")
     # As the real job states it: with comm_overlap unstated its dp-size default decides (unknown).
@@ -228,7 +228,7 @@ def test_mx007_step_overlap_with_reuse(container) -> None:
 
 
 def test_doctor_lists_the_same_exposure() -> None:
-    from mbridge_mxfp8_plugin.doctor import diagnose
+    from mbridge_mxfp8_plugin.commands.doctor import diagnose
 
     report = diagnose()
     assert {h: info["exposed"] for h, info in report["hazards"].items()} == _facts()

@@ -15,10 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from mbridge_mxfp8_plugin.adapters.recipes import RecipeError, load_recipe
+from mbridge_mxfp8_plugin.commands.launch import (
+    LaunchError,
+    _check_finetune_takes_callbacks,
+    main,
+    plugin_options,
+)
 from mbridge_mxfp8_plugin.config.read import split_overrides
-from mbridge_mxfp8_plugin.launch import LaunchError, _check_finetune_takes_callbacks, main, plugin_options
 from mbridge_mxfp8_plugin.options import PluginOptions
-from mbridge_mxfp8_plugin.recipes import RecipeError, load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny_gpt_mxfp8_launch.yaml"
@@ -133,7 +138,7 @@ def test_as_a_module_bad_input_prints_no_traceback():
 
 
 _IMPORTED = (
-    "import sys; from mbridge_mxfp8_plugin.launch import main; rc = main(sys.argv[1:]); "
+    "import sys; from mbridge_mxfp8_plugin.commands.launch import main; rc = main(sys.argv[1:]); "
     "print('imported:', sorted(m for m in ('megatron.bridge', 'transformer_engine', 'harness.mx_cases') "
     "if m in sys.modules)); sys.exit(rc)"
 )

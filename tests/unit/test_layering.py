@@ -22,48 +22,35 @@ ROOT = "mbridge_mxfp8_plugin"
 LAYERS: dict[str, int] = {
     # leaves: facts and helpers that import nothing of the package (or only other leaves)
     "errors": 0,
-    "_log": 0,
-    "_yamltypes": 0,
-    "_argtypes": 0,
-    "defects": 0,
-    "recipe_files": 0,
-    "_missing": 0,
-    "mxfp8_cast": 0,
+    "common": 0,  # logging, argument / YAML types, the MXFP8 cast rule, missing-dependency messages
     "options": 1,
-    # what the installed releases do
+    # what the installed releases are and do
+    "mcore": 1,  # megatron-core's objects as the plugin reads them (the one reader of its layout)
     "probes": 2,
-    "buckets": 2,
-    # the config column (read -> view -> effective -> rules -> report, orchestrated by validate)
+    # three columns side by side, never importing each other: the config judge, the engine, the
+    # weight verifier (the verifier reads megatron-core through mcore, never through the engine)
     "config": 3,
-    # the runtime column: copy planning, the engine, the weight verifier
-    "plan": 3,
-    "chunks": 3,  # finding the DDP chunks behind a caller's wrappers
-    "sync": 4,
-    "verify": 4,  # the weight check: reads only, beside the engine, never importing it
-    # defect F: re-derive the params after a checkpoint load (drives the engine)
-    "resume": 5,
-    # where the two columns meet: what every adapter shares, incl. the train-start config check
-    "_adapter": 6,
-    "ensure": 6,  # ensure_weights_current: a repair on demand, through the engine
-    # adapters: events -> engine calls
-    "bridge": 7,
-    "lightning": 7,
-    "api": 7,
+    "engine": 3,
+    "verify": 3,
+    # where the columns meet: one session per adapter, events -> engine calls
+    "adapters": 4,
+    # the public test kit: the plugin never imports it, only the demo command
+    "testing": 5,
     # entry points
-    "recipes": 8,
-    "_launch_report": 8,
-    "launch": 9,
-    "check": 9,
-    "doctor": 9,
-    "demo": 9,
-    "cli": 10,
-    # the public test kit stands apart: the plugin never imports it (only demo, an entry point)
-    "testing": 8,
+    "commands": 6,
+    # the public import paths users write, each a re-export of the room that holds the code
+    "lightning": 7,
+    "recipes": 7,
+    "launch": 7,
+    "__main__": 7,
 }
 
 #: Within one layer, imports are allowed only inside these packages (their own internal order is
 #: checked for cycles below).
 SAME_LAYER_OK = ("probes", "config", "testing")
+
+#: The package root holds only its public face: these modules and the rooms above.
+ROOT_MODULES = {"__init__", "__main__", "errors", "options", "lightning", "recipes", "launch"}
 
 
 def _module_name(path: Path) -> str:
@@ -186,6 +173,70 @@ def test_no_import_cycle() -> None:
 
 def test_the_checker_sees_function_level_imports() -> None:
     """The graph must include lazy imports, or the tests above could not fail on them."""
-    assert "config.validate" in GRAPH["check"] or any(d.startswith("config") for d in GRAPH["check"])
+    assert any(d.startswith("config") for d in GRAPH["commands.check"])
     # demo imports the kit inside its functions only
-    assert any(d.startswith("testing") for d in GRAPH["demo"])
+    assert any(d.startswith("testing") for d in GRAPH["commands.demo"])
+
+
+def test_the_package_root_is_its_public_face() -> None:
+    modules = {p.stem for p in PKG.glob("*.py")}
+    assert modules == ROOT_MODULES, (
+        f"modules at the package root beyond its public face: {modules - ROOT_MODULES}"
+    )
+    rooms = {p.name for p in PKG.iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(LAYERS) - ROOT_MODULES, rooms ^ (set(LAYERS) - ROOT_MODULES)
+
+
+#: megatron-core's layout attributes: the buffers (dense and expert), buckets and their params,
+#: bucket groups, and the distributed optimizer's main-shard maps. Read by mcore/layout.py only.
+LAYOUT_ATTRIBUTES = (
+    "buffers",
+    "expert_parallel_buffers",
+    "buckets",
+    "params_list",
+    "param_index_map",
+    "bucket_groups",
+    "expert_parallel_bucket_groups",
+    "shard_fp32_from_float16_groups",
+    "model_float16_groups",
+    "_get_model_param_range_map",
+    "model_param_gbuf_map",
+)
+
+
+def _attribute_reads(path: Path) -> set[str]:
+    """Layout attributes a module reads: ``x.attr`` and ``getattr(x, "attr", ...)``; not ``self.attr``
+    (the plugin's own objects: a report's ``buckets`` count, the engine's ``bucket_groups()``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in LAYOUT_ATTRIBUTES
+            and isinstance(node.ctx, ast.Load)
+            and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+        ):
+            found.add(node.attr)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in LAYOUT_ATTRIBUTES
+        ):
+            found.add(str(node.args[1].value))
+    return found
+
+
+def test_megatron_core_layout_is_read_in_one_module() -> None:
+    readers = {_module_name(p): sorted(attrs) for p in PKG.rglob("*.py") if (attrs := _attribute_reads(p))}
+    assert set(readers) == {"mcore.layout"}, readers
+
+
+def test_the_layout_grep_sees_both_forms_of_a_read() -> None:
+    """Without this the test above could pass by reading nothing."""
+    assert _attribute_reads(PKG / "mcore" / "layout.py") >= {
+        "buffers",
+        "expert_parallel_buffers",
+        "model_param_gbuf_map",
+    }

@@ -17,12 +17,12 @@ pytest.importorskip("lightning")
 
 from harness.fake_core import BucketlessChunk  # noqa: E402
 
-from mbridge_mxfp8_plugin.errors import MXFP8UsageError  # noqa: E402
-from mbridge_mxfp8_plugin.lightning import (  # noqa: E402
+from mbridge_mxfp8_plugin.adapters.lightning import (  # noqa: E402
     MXFP8ParamSyncLightningCallback,
     find_megatron_optimizer,
     find_model_chunks,
 )
+from mbridge_mxfp8_plugin.errors import MXFP8UsageError  # noqa: E402
 
 
 # ---------------------------------------------------------------------- optional extra
@@ -41,7 +41,7 @@ def test_import_without_lightning_gives_install_hint():
         import mbridge_mxfp8_plugin
         assert "lightning" not in sys.modules
         try:
-            import mbridge_mxfp8_plugin.lightning
+            import mbridge_mxfp8_plugin.adapters.lightning
         except ImportError as exc:
             print("MSG=" + str(exc))
         else:
@@ -153,7 +153,7 @@ def test_discovery_unwraps_attribute_forwarding_wrappers():
     ``buffers`` is ``nn.Module.buffers``. Discovery must return the DDP, not a wrapper."""
     import torch
 
-    from mbridge_mxfp8_plugin.buckets import is_megatron_ddp
+    from mbridge_mxfp8_plugin.mcore.layout import is_megatron_ddp
 
     class DDPLike(torch.nn.Module):
         def __init__(self) -> None:

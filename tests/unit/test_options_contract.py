@@ -49,7 +49,7 @@ def test_bridge_callback_is_inert_when_disabled(caplog, enabled):
 @pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
 def test_lightning_callback_is_inert_when_disabled(caplog, enabled):
     pytest.importorskip("lightning")
-    from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
+    from mbridge_mxfp8_plugin.adapters.lightning import MXFP8ParamSyncLightningCallback
 
     chunk = BucketlessChunk()
     cb = MXFP8ParamSyncLightningCallback(PluginOptions(enabled=enabled), model_getter=lambda t, m: [chunk])
@@ -92,7 +92,7 @@ def test_loop_api_is_inert_when_disabled(caplog, enabled):
 
 def test_lightning_callback_takes_options_first_and_positionally():
     pytest.importorskip("lightning")
-    from mbridge_mxfp8_plugin.lightning import MXFP8ParamSyncLightningCallback
+    from mbridge_mxfp8_plugin.adapters.lightning import MXFP8ParamSyncLightningCallback
 
     options = PluginOptions(repair_alignment=False, stage_for_nemo_steps=False)
     assert MXFP8ParamSyncLightningCallback(options).options == options
@@ -125,8 +125,8 @@ def test_verify_weights_is_an_option_of_every_entry_point(tmp_path):
     from harness.mx_cases import DEFECTIVE, TINY
 
     from mbridge_mxfp8_plugin import MXFP8ConfigError
-    from mbridge_mxfp8_plugin.check import run_check
-    from mbridge_mxfp8_plugin.launch import plugin_options
+    from mbridge_mxfp8_plugin.commands.check import run_check
+    from mbridge_mxfp8_plugin.commands.launch import plugin_options
 
     assert PluginOptions().verify_weights is False
     assert PluginOptions.from_mapping({"verify_weights": True}).verify_weights is True
@@ -149,7 +149,7 @@ def test_verify_weights_is_an_option_of_every_entry_point(tmp_path):
 def test_verify_sample_is_a_checked_fraction(tmp_path):
     """The sampling knob: a number in (0, 1], from Python, YAML and overrides alike."""
     from mbridge_mxfp8_plugin import MXFP8ConfigError
-    from mbridge_mxfp8_plugin.launch import plugin_options
+    from mbridge_mxfp8_plugin.commands.launch import plugin_options
 
     assert 0 < PluginOptions().verify_sample < 1  # sampled by default
     assert PluginOptions.from_mapping({"verify_sample": 1}).verify_sample == 1
@@ -167,7 +167,7 @@ def test_verify_sample_is_a_checked_fraction(tmp_path):
 def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
     """EngineHolder._verify: with the option on, a bad report raises under strict, else one
     ERROR record naming the event; with the option off nothing is checked."""
-    import mbridge_mxfp8_plugin._adapter as adapter
+    import mbridge_mxfp8_plugin.adapters.session as adapter
     import mbridge_mxfp8_plugin.verify as verify
     from mbridge_mxfp8_plugin import MXFP8PluginError
     from mbridge_mxfp8_plugin.verify import ParamMismatch, WeightReport

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from harness.mx_cases import DEFECTIVE, TINY
 
+from mbridge_mxfp8_plugin.adapters.recipes import read_recipe
 from mbridge_mxfp8_plugin.config.validate import validate_config
 from mbridge_mxfp8_plugin.probes.owners import fsdp_classes, layer_wise_classes, probe_owner_files
-from mbridge_mxfp8_plugin.recipes import read_recipe
 
 OFF = "mxfp8_plugin.enabled=false"
 

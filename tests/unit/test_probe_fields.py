@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from mbridge_mxfp8_plugin._yamltypes import EnumType, type_problem
+from mbridge_mxfp8_plugin.common.yamltypes import EnumType, type_problem
 from mbridge_mxfp8_plugin.probes import _summary, fields
 
 CONFIG_PY = """

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mbridge_mxfp8_plugin.config.recipe_files import shipped_recipes
 from mbridge_mxfp8_plugin.options import option_types
-from mbridge_mxfp8_plugin.recipe_files import shipped_recipes
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")

@@ -13,19 +13,19 @@ import pytest
 from harness.mx_cases import RECIPES, TINY
 
 from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
+from mbridge_mxfp8_plugin.adapters.recipes import (
+    PluginOptions,
+    RecipeError,
+    callbacks_from_recipe,
+    load_recipe,
+    read_recipe,
+)
 from mbridge_mxfp8_plugin.errors import MXFP8ConfigError
 from mbridge_mxfp8_plugin.probes.bridge_facts import (
     CONFIG_SECTIONS,
     MIXED_PRECISION_FIELDS,
     MIXED_PRECISION_RECIPES,
     PLUGIN_SECTION,
-)
-from mbridge_mxfp8_plugin.recipes import (
-    PluginOptions,
-    RecipeError,
-    callbacks_from_recipe,
-    load_recipe,
-    read_recipe,
 )
 
 

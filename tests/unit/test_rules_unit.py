@@ -17,8 +17,8 @@ import yaml
 from harness.mx_cases import CASES, DEFECTIVE, FIXED, TINY, Case
 
 from mbridge_mxfp8_plugin import validate_config
-from mbridge_mxfp8_plugin.defects import HAZARDS
 from mbridge_mxfp8_plugin.probes import HazardBehaviour
+from mbridge_mxfp8_plugin.probes.defects import HAZARDS
 from mbridge_mxfp8_plugin.probes.fields import section_fields
 
 BASE: dict[str, Any] = yaml.safe_load(TINY.read_text())

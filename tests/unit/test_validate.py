@@ -11,7 +11,7 @@ import pytest
 from harness.mx_cases import CASES, DEFECTIVE, FIXED, RECIPES, TINY, Case, core_configs, core_kwargs
 
 from mbridge_mxfp8_plugin import check_bucket_alignment
-from mbridge_mxfp8_plugin.buckets import check_bucket_alignment as buckets_check
+from mbridge_mxfp8_plugin.adapters.recipes import read_recipe
 from mbridge_mxfp8_plugin.config.validate import (
     RULES,
     ConfigValidationError,
@@ -19,9 +19,9 @@ from mbridge_mxfp8_plugin.config.validate import (
     ValidationReport,
     validate_config,
 )
-from mbridge_mxfp8_plugin.defects import HAZARDS
 from mbridge_mxfp8_plugin.errors import MXFP8ConfigError, MXFP8UsageError
-from mbridge_mxfp8_plugin.recipes import read_recipe
+from mbridge_mxfp8_plugin.mcore.buckets import check_bucket_alignment as buckets_check
+from mbridge_mxfp8_plugin.probes.defects import HAZARDS
 
 
 def _findings(report: ValidationReport, rule: str) -> list[Any]:

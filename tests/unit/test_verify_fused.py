@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from mbridge_mxfp8_plugin.mxfp8_cast import mxfp8_cast
+from mbridge_mxfp8_plugin.common.mxfp8_cast import mxfp8_cast
 from mbridge_mxfp8_plugin.verify import fused
 from mbridge_mxfp8_plugin.verify.read import BLOCK, Blocks, Reader
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from harness.ocp_mxfp8 import make_ocp_param, ocp_quantize
 
-from mbridge_mxfp8_plugin.mxfp8_cast import mxfp8_quantize
+from mbridge_mxfp8_plugin.common.mxfp8_cast import mxfp8_quantize
 from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import EmulatedMXFP8Tensor
 from mbridge_mxfp8_plugin.testing.te_mxfp8 import make_te_mxfp8_param
 from mbridge_mxfp8_plugin.verify.read import Blocks, Reader, reader_for

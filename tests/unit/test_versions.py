@@ -155,7 +155,7 @@ def test_doctor_names_where_bridge_comes_from(tmp_path: Path, monkeypatch) -> No
     """``doctor`` (text and --json) reports Bridge's release and its owner for the folded layout."""
     import io
 
-    from mbridge_mxfp8_plugin.doctor import diagnose, render
+    from mbridge_mxfp8_plugin.commands.doctor import diagnose, render
 
     folded = tmp_path / "folded"
     _package(folded, "core", (0, 20, 0, ""))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._yamltypes import yaml_literal as _y
-from ...defects import HAZARDS
+from ...common.yamltypes import yaml_literal as _y
 from ...probes.bridge_facts import MP_OWNED_KNOBS
+from ...probes.defects import HAZARDS
 from ..effective import EffectiveConfig
 from ..report import Finding, Rule, RuleResult, Severity
 from ..view import Val

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._yamltypes import yaml_literal as _y
-from ...defects import HAZARDS
+from ...common.yamltypes import yaml_literal as _y
+from ...probes.defects import HAZARDS
 from ...probes.fields import section_fields
 from ..effective import EffectiveConfig
 from ..report import Rule, RuleResult

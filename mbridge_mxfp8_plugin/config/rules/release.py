@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...defects import DEFECTS
 from ...options import PLUGIN_SECTION
+from ...probes.defects import DEFECTS
 from ...probes.owners import LAYER_WISE, MEGATRON_FSDP, SyncOwner
 from ..effective import EffectiveConfig
 from ..report import Rule, RuleResult

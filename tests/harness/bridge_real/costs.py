@@ -166,7 +166,7 @@ class CostMeter:
         import megatron.core.distributed.param_and_grad_buffer as pgb
         from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-        from mbridge_mxfp8_plugin import plan
+        from mbridge_mxfp8_plugin.engine import plan
 
         dist = torch.distributed
         saved: list[tuple[Any, str, Any]] = []

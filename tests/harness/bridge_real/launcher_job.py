@@ -147,7 +147,7 @@ def _direct(yaml_path: str) -> LauncherRun:
     from megatron.bridge.training.pretrain import pretrain
 
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-    from mbridge_mxfp8_plugin.recipes import load_recipe
+    from mbridge_mxfp8_plugin.adapters.recipes import load_recipe
 
     run = LauncherRun(RankResult())
     cfg = build_config(JobSpec(mode="plugin"), torch.distributed.get_world_size())
@@ -165,7 +165,7 @@ def _direct(yaml_path: str) -> LauncherRun:
 
 
 def _launched(yaml_path: str, extra: list[str]) -> LauncherRun:
-    from mbridge_mxfp8_plugin.launch import main
+    from mbridge_mxfp8_plugin.commands.launch import main
 
     run = LauncherRun(RankResult())
     captured: list[str] = []

@@ -29,7 +29,7 @@ def plant_band(init: torch.Tensor) -> torch.Tensor:
 def final_tensors(model: Any, optimizer: Any) -> dict[str, torch.Tensor]:
     """Every tensor each param holds (a TE-shaped param's codes and scales in both directions) and
     every fp32 main shard of the distributed optimizer, by name."""
-    from mbridge_mxfp8_plugin.plan import distributed_optimizers
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
 
     out: dict[str, torch.Tensor] = {}
     for i, chunk in enumerate(model):
@@ -46,8 +46,8 @@ def final_tensors(model: Any, optimizer: Any) -> dict[str, torch.Tensor]:
 def resume_fix(on: bool) -> Iterator[None]:
     """``on=False``: the plugin's re-derivation after a load does nothing (the rest of the plugin
     runs), to show what F does to a resumed run."""
-    from mbridge_mxfp8_plugin import resume as resume_mod
-    from mbridge_mxfp8_plugin.sync import SyncStats
+    from mbridge_mxfp8_plugin.engine import resume as resume_mod
+    from mbridge_mxfp8_plugin.engine.sync import SyncStats
 
     saved = resume_mod.rederive_after_load
     if not on:

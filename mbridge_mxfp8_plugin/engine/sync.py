@@ -31,11 +31,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .buckets import AlignmentReport, check_bucket_alignment, is_megatron_ddp
-from .errors import MXFP8UsageError
-from .plan import StagePlans, WriteBackPlan, bucket_groups, distributed_optimizers, reuse_mode_active
-from .probes import CoreBehaviour, probe_core, probe_live_loop
-from .probes.owners import SyncOwner, optimizer_sync_owner, sync_owner
+from ..errors import MXFP8UsageError
+from ..mcore.buckets import AlignmentReport, check_bucket_alignment
+from ..mcore.layout import bucket_groups, distributed_optimizers, is_megatron_ddp, reuse_mode_active
+from ..probes import CoreBehaviour, probe_core, probe_live_loop
+from ..probes.owners import SyncOwner, optimizer_sync_owner, sync_owner
+from .plan import StagePlans, WriteBackPlan
 
 __all__ = ["ParamSyncEngine", "SyncStats"]
 

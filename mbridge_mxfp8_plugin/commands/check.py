@@ -20,7 +20,7 @@ import re
 import sys
 from typing import Any, TextIO
 
-from ._argtypes import positive_int
+from ..common.argtypes import positive_int
 
 __all__ = ["add_check_parser", "run_check"]
 
@@ -114,9 +114,9 @@ def run_check(
     installed: Any = None,
 ) -> int:
     """The command's body, callable from tests; returns the exit code."""
-    from .config.read import RecipeError, read_recipe_file
-    from .errors import MXFP8PluginError
-    from .recipe_files import resolve_recipe  # a path, or a shipped recipe's name
+    from ..config.read import RecipeError, read_recipe_file
+    from ..config.recipe_files import resolve_recipe  # a path, or a shipped recipe's name
+    from ..errors import MXFP8PluginError
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -140,7 +140,7 @@ def run_check(
     if isinstance(base, str):
         _emit_unreadable(base, as_json, out, err)
         return EXIT_UNREADABLE
-    from .config.validate import validate_config
+    from ..config.validate import validate_config
 
     try:
         report = validate_config(
@@ -181,7 +181,7 @@ def _missing_deletion(deletions: list[str]) -> str | None:
     call it, refuses it ("Could not delete from config"), so check must not pass it as "not
     checked". Judged only where the installed Bridge fixes the section to one class; deeper keys
     and open sections stay with the base recipe."""
-    from .probes.fields import container_sections, section_fields
+    from ..probes.fields import container_sections, section_fields
 
     sections = container_sections() if deletions else None
     for key in deletions:
@@ -206,8 +206,8 @@ def _base_recipe(name: str | None) -> Any:
     """The ``--recipe`` function as its source tells it, None without one, or why it is not found."""
     if name is None:
         return None
-    from .probes._source import megatron_subdir
-    from .probes.recipe_source import find_recipe
+    from ..probes._source import megatron_subdir
+    from ..probes.recipe_source import find_recipe
 
     found = find_recipe(name)
     if found is not None:

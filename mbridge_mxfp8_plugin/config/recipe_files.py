@@ -17,7 +17,7 @@ _SUFFIX = ".yaml"
 
 
 def _recipe_dirs() -> list[Path]:
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # mbridge_mxfp8_plugin/
     # Installed wheel first; a checkout (editable install or PYTHONPATH) has only the top-level copy.
     return [d for d in (package / "recipes", package.parent / "recipes") if d.is_dir()]
 

@@ -54,14 +54,14 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._adapter import EngineHolder
-from .errors import MXFP8UsageError
-from .options import PluginOptions
-from .probes import probe_core
-from .sync import ParamSyncEngine, SyncStats
+from ..engine.sync import ParamSyncEngine, SyncStats
+from ..errors import MXFP8UsageError
+from ..options import PluginOptions
+from ..probes import probe_core
+from .session import EngineHolder
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .verify import WeightReport
+    from ..verify import WeightReport
 
 __all__ = ["MXFP8ParamSync", "mxfp8_param_sync"]
 

@@ -52,9 +52,9 @@ def megatron_lm_loop(job: Any, *, plugin: bool, train_iters: int, eval_interval:
     """``train()`` of Megatron-LM core_v0.16.1 (L2417-3012) cut to train and eval, with the API."""
     import torch
 
-    from . import mxfp8_param_sync
-    from .testing.megatron_lm_loop import evaluate, train_step
-    from .testing.toy import make_batches
+    from .. import mxfp8_param_sync
+    from ..testing.megatron_lm_loop import evaluate, train_step
+    from ..testing.toy import make_batches
 
     model, optimizer = job.model, job.optimizer
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -105,9 +105,9 @@ class _Nothing:
 def _rank(train_iters: int, eval_interval: int) -> dict[str, DemoRun]:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("NO_VCS_VERSION", "1")
-    from . import check_bucket_alignment
-    from .testing import cpu_shim, emulated_mxfp8
-    from .testing.toy import ToyConfig, build_job
+    from .. import check_bucket_alignment
+    from ..testing import cpu_shim, emulated_mxfp8
+    from ..testing.toy import ToyConfig, build_job
 
     runs: dict[str, DemoRun] = {}
     with cpu_shim(), emulated_mxfp8():
@@ -210,7 +210,7 @@ def report(runs: dict[str, DemoRun], out: TextIO = sys.stdout) -> int:
 
 def collect_runs(*, world_size: int, train_iters: int, eval_interval: int) -> dict[str, DemoRun]:
     """The three modes on ``world_size`` spawned ranks; rank 0's records."""
-    from .testing import launch
+    from ..testing import launch
 
     return launch(_rank, world_size, train_iters, eval_interval)[0]
 

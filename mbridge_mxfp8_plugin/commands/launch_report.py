@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from ._yamltypes import yaml_literal
+from ..common.yamltypes import yaml_literal
 
 __all__ = ["dry_run"]
 
@@ -39,8 +39,8 @@ def _value(v: Any) -> str:
 
 def knob_lines(config: Any, options: Any, dp_size: int | None) -> list[str]:
     """``name  value  (where it comes from)`` for the fp8 recipe and each of :data:`KNOBS`."""
-    from .config.effective import EffectiveConfig
-    from .config.view import read_config
+    from ..config.effective import EffectiveConfig
+    from ..config.view import read_config
 
     eff = EffectiveConfig(read_config(config, plugin=options), dp_size, None)
     rows = [("fp8 recipe", eff.fp8_recipe()), ("params kept in fp8", eff.fp8_params())]
@@ -78,7 +78,7 @@ def dry_run(launch: Any, out: TextIO | None) -> int:
     """Judge and print ``launch`` (a :class:`.launch.Launch`; typed ``Any`` since launch stands above
     this module); print nothing where ``out`` is None (ranks other than 0). Returns 1 when a run
     would be refused at train start, else 0."""
-    from .config.validate import validate_config
+    from ..config.validate import validate_config
 
     report = validate_config(launch.config, plugin=launch.options, strict=False)
     refused = launch.options.validate and launch.options.strict and not report.ok

@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 
-from ._adapter import EngineHolder, bridge_resumed
-from .errors import MXFP8UsageError
-from .options import PluginOptions
-from .sync import ParamSyncEngine
+from ..engine.sync import ParamSyncEngine
+from ..errors import MXFP8UsageError
+from ..options import PluginOptions
+from .session import EngineHolder, bridge_resumed
 
 __all__ = ["MXFP8ParamSyncCallback"]
 

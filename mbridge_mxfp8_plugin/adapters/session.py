@@ -12,19 +12,18 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._log import log_rank_zero
-from .buckets import is_megatron_ddp
-from .chunks import find_model_chunks
-from .config.validate import ValidationReport, validate_config
-from .errors import MXFP8UsageError
-from .options import PluginOptions
-from .plan import distributed_optimizers, reuse_mode_active
-from .probes.owners import SyncOwner, sync_owner
-from .resume import ResumeRefresh
-from .sync import ParamSyncEngine, SyncStats
+from ..common.log import log_rank_zero
+from ..config.validate import ValidationReport, validate_config
+from ..engine.resume import ResumeRefresh
+from ..engine.sync import ParamSyncEngine, SyncStats
+from ..errors import MXFP8UsageError
+from ..mcore.chunks import find_model_chunks
+from ..mcore.layout import distributed_optimizers, is_megatron_ddp, reuse_mode_active
+from ..options import PluginOptions
+from ..probes.owners import SyncOwner, sync_owner
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .verify import WeightReport
+    from ..verify import WeightReport
 
 __all__ = [
     "HISTORY_LENGTH",
@@ -230,7 +229,7 @@ class EngineHolder:
         opt = (engine.optimizer if engine is not None else None) or self._verify_optimizer
         if not chunks or opt is None or not distributed_optimizers(opt):
             return None
-        from .verify import verify_weights
+        from ..verify import verify_weights
 
         report = verify_weights(
             chunks, opt, event=f"{event} ({self.framework})", sample=self.options.verify_sample

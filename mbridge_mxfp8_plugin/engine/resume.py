@@ -26,7 +26,7 @@ its ``finish_grad_sync`` clears the mark, so the next step gathers as usual.
 
 from __future__ import annotations
 
-from .probes.resume import loop_rederives_after_load
+from ..probes.resume import loop_rederives_after_load
 from .sync import ParamSyncEngine, SyncStats
 
 __all__ = ["ResumeRefresh", "rederive_after_load"]

@@ -1,15 +1,15 @@
 """``mxfp8-plugin doctor``: which MXFP8 param-gather defects the installed stack has, and the fix.
 
-Renders the one defect table (:data:`mbridge_mxfp8_plugin.defects.DEFECTS`) for the installed
-stack, and the hazards it is exposed to (:data:`mbridge_mxfp8_plugin.defects.HAZARDS`: upstream
+Renders the one defect table (:data:`mbridge_mxfp8_plugin.probes.defects.DEFECTS`) for the installed
+stack, and the hazards it is exposed to (:data:`mbridge_mxfp8_plugin.probes.defects.HAZARDS`: upstream
 failures the plugin cannot repair, which ``check`` refuses under the same rule ids). Which are
-present is decided in :func:`mbridge_mxfp8_plugin.defects.defects_present` and
-:func:`~mbridge_mxfp8_plugin.defects.hazards_exposed` from the installed sources read as text
+present is decided in :func:`mbridge_mxfp8_plugin.probes.defects.defects_present` and
+:func:`~mbridge_mxfp8_plugin.probes.defects.hazards_exposed` from the installed sources read as text
 (megatron-core's param-sync and optimizer files, Megatron-Bridge's training package:
 ``training/train.py``), never from version strings and without importing torch, megatron-core or
 Bridge (importing Bridge needs Transformer Engine). Where nemo_toolkit is installed it also says
 where NeMo 2's loop stages, forces syncs and toggles pre-hooks, and each defect in NeMo's terms
-(:data:`~mbridge_mxfp8_plugin.defects.NEMO_TERMS`): NeMo 2's LLM stack ends with 2.7, so its
+(:data:`~mbridge_mxfp8_plugin.probes.defects.NEMO_TERMS`): NeMo 2's LLM stack ends with 2.7, so its
 users keep the defects and read the table in NeMo's terms, not Bridge's. nemo_toolkit and Lightning
 are found through ``importlib.metadata`` (importing ``nemo`` takes seconds and pulls in torch).
 It also says which other owners of the param sync the installed megatron-core ships
@@ -28,7 +28,8 @@ import sys
 from importlib import metadata
 from typing import Any, TextIO
 
-from .defects import (
+from ..probes import installed_versions, probe_bridge_files, probe_core_files, probe_hazard_files
+from ..probes.defects import (
     DEFECTS,
     HAZARDS,
     NEMO_LAST_RELEASE,
@@ -38,10 +39,9 @@ from .defects import (
     defects_present,
     hazards_exposed,
 )
-from .probes import installed_versions, probe_bridge_files, probe_core_files, probe_hazard_files
-from .probes.owners import SyncOwner, probe_owner_files
-from .probes.resume import probe_resume_files
-from .probes.versions import package_origin
+from ..probes.owners import SyncOwner, probe_owner_files
+from ..probes.resume import probe_resume_files
+from ..probes.versions import package_origin
 
 __all__ = ["add_doctor_parser", "diagnose", "render"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .buckets import is_megatron_ddp, is_megatron_fsdp
-from .errors import MXFP8UsageError
+from ..errors import MXFP8UsageError
+from .layout import is_megatron_ddp, is_megatron_fsdp
 
 __all__ = ["find_model_chunks", "model_chunks"]
 

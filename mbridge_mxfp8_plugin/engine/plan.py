@@ -15,37 +15,17 @@ from typing import Any
 
 import torch
 
-from .buckets import expected_index, is_megatron_ddp
+from ..mcore.layout import (
+    LAYOUT_ERRORS,
+    bucket_groups,
+    bucket_params,
+    buffers,
+    group_buckets,
+    main_shards,
+    padded_range,
+)
 
-__all__ = ["StagePlans", "WriteBackPlan", "bucket_groups", "distributed_optimizers", "reuse_mode_active"]
-
-
-def reuse_mode_active(model_chunks: Sequence[Any]) -> bool:
-    """True when the chunks share grad and param buffers for MXFP8 params (the affected mode)."""
-    return any(
-        is_megatron_ddp(c)
-        and getattr(c.ddp_config, "reuse_grad_buf_for_mxfp8_param_ag", False)
-        and c.ddp_config.use_distributed_optimizer
-        for c in model_chunks
-    )
-
-
-def distributed_optimizers(optimizer: Any) -> list[Any]:
-    """The ``DistributedOptimizer`` instances behind a (possibly chained) Megatron optimizer."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    members = getattr(optimizer, "chained_optimizers", None)
-    candidates = list(members) if members is not None else [optimizer]
-    return [o for o in candidates if isinstance(o, DistributedOptimizer)]
-
-
-def bucket_groups(model_chunks: Sequence[Any]) -> list[Any]:
-    """Every dense and expert-parallel bucket group of every chunk, in dispatch-table order."""
-    return [
-        g
-        for c in model_chunks
-        for g in list(c.bucket_groups) + list(getattr(c, "expert_parallel_bucket_groups", []))
-    ]
+__all__ = ["StagePlans", "WriteBackPlan"]
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -82,15 +62,11 @@ class WriteBackPlan:
     def build(cls, model_chunks: Sequence[Any]) -> WriteBackPlan:
         from megatron.core import fp8_utils
 
-        buffer_of = {}
-        for c in model_chunks:
-            for buffer in list(c.buffers) + list(getattr(c, "expert_parallel_buffers", [])):
-                for bucket in buffer.buckets:
-                    buffer_of[id(bucket)] = buffer
+        buffer_of = {id(bucket): ref.buffer for ref in buffers(model_chunks) for bucket in ref.bucket_list}
         plan = cls([], [], [], [], [], bucket_groups(model_chunks), 0)
-        for bucket in (b for g in plan.groups for b in g.buckets):
+        for bucket in (b for g in plan.groups for b in group_buckets(g)):
             flat = bucket.param_data.view(-1)
-            for param in bucket.params_list:
+            for param in bucket_params(bucket):
                 quantized = fp8_utils.is_float8tensor(param)
                 if not fp8_utils.is_mxfp8tensor(param) and _same_storage(param.data, bucket.param_data):
                     # bf16 params (core >= 0.17) and non-MXFP8 quantized params live on the
@@ -99,7 +75,7 @@ class WriteBackPlan:
                         plan.mapped_quantized.append(param)
                     continue
                 # The buffer's padded index map, not bucket.param_to_index (defect A on core <= 0.16).
-                start, end = expected_index(buffer_of[id(bucket)], bucket, param)
+                start, end = padded_range(buffer_of[id(bucket)], bucket, param)
                 src = flat[start:end].view(param.data.shape)
                 if quantized:
                     # Through param.data would cost a tensor-subclass alias per param.
@@ -177,17 +153,11 @@ class StagePlans:
         dst: list[torch.Tensor] = []
         src: list[torch.Tensor] = []
         try:
-            for mains, params in zip(
-                opt.shard_fp32_from_float16_groups, opt.model_float16_groups, strict=True
-            ):
-                for main, param in zip(mains, params, strict=True):
-                    if main is None:
-                        return None
-                    world = opt._get_model_param_range_map(param)["gbuf_world_in_bucket"]
-                    gbuf_index, _, bucket_id = opt.model_param_gbuf_map[param]
-                    buffer = opt.buffers[gbuf_index].buckets[bucket_id].param_data
-                    dst.append(buffer.view(-1)[world.start : world.end])
-                    src.append(main)
-        except (AttributeError, KeyError, TypeError, ValueError):
+            for shard in main_shards(opt):
+                if shard.main is None:
+                    return None
+                dst.append(shard.bucket_data.view(-1)[shard.bucket_start : shard.bucket_end])
+                src.append(shard.main)
+        except LAYOUT_ERRORS:
             return None
         return dst, src

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO, cast
 
-from ._argtypes import positive_int
+from ..common.argtypes import positive_int
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_COULD_NOT_RUN = 0, 1, 2
 
@@ -116,7 +116,7 @@ def _plain_help(parser: argparse.ArgumentParser) -> None:
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
 
     return f"mxfp8-plugin {__version__}"
 

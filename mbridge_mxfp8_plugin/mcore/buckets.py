@@ -14,46 +14,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import MXFP8AlignmentError, MXFP8UsageError
+from ..errors import MXFP8AlignmentError, MXFP8UsageError
+from .layout import bucket_params, buffers, is_megatron_ddp, padded_range
 
 __all__ = [
     "AlignmentReport",
     "BucketInfo",
     "OffsetMismatch",
     "check_bucket_alignment",
-    "expected_index",
-    "is_megatron_ddp",
-    "is_megatron_fsdp",
     "iter_buckets",
 ]
 
 PARAM_ALIGNMENT = 64  # elements; megatron-core pads param starts to this with the dist. optimizer
-
-
-def is_megatron_ddp(chunk: Any) -> bool:
-    """Duck-typed: megatron-core's ``DistributedDataParallel`` (not Megatron-FSDP, not torch DDP).
-
-    The DDP keeps its param buffers in an instance attribute ``buffers`` (a list, shadowing
-    ``nn.Module.buffers``). NeMo's ``MegatronParallel`` and its per-chunk wrappers forward unknown
-    attribute lookups to the DDP inside, so ``ddp_config`` and ``bucket_groups`` resolve on them
-    too while their ``buffers`` is the ``nn.Module`` method; only the object that owns the list
-    counts. Callers reach the DDP under a wrapper through ``.module``.
-    """
-    try:
-        own = vars(chunk)
-    except TypeError:  # no __dict__: not a module
-        return False
-    if not isinstance(own.get("buffers"), (list, tuple)):
-        return False
-    return all(hasattr(chunk, a) for a in ("ddp_config", "bucket_groups")) and not getattr(
-        chunk.ddp_config, "use_megatron_fsdp", False
-    )
-
-
-def is_megatron_fsdp(obj: Any) -> bool:
-    """A Megatron-FSDP wrapper (``ddp_config.use_megatron_fsdp``): it has none of these defects, so
-    discovery stops there instead of walking into the model."""
-    return hasattr(obj, "ddp_config") and bool(getattr(obj.ddp_config, "use_megatron_fsdp", False))
 
 
 @dataclass(frozen=True)
@@ -81,19 +53,9 @@ def iter_buckets(model_chunks: Sequence[Any]) -> Iterator[BucketInfo]:
                 f"model chunk {c} is {type(chunk).__name__}, not megatron-core DistributedDataParallel; "
                 "pass the DDP-wrapped chunks (the list Megatron-Bridge hands callbacks as context.model)"
             )
-        for expert, buffers in (
-            (False, chunk.buffers),
-            (True, getattr(chunk, "expert_parallel_buffers", [])),
-        ):
-            for b, buffer in enumerate(buffers):
-                for k, bucket in enumerate(buffer.buckets):
-                    yield BucketInfo(c, expert, b, k, bucket, buffer)
-
-
-def expected_index(buffer: Any, bucket: Any, param: Any) -> tuple[int, int]:
-    """The param's true (start, end) inside its bucket, from the buffer's padded layout."""
-    start, end, _ = buffer.param_index_map[param]
-    return start - bucket.offset, end - bucket.offset
+    for ref in buffers(model_chunks):
+        for k, bucket in enumerate(ref.bucket_list):
+            yield BucketInfo(ref.chunk_index, ref.expert, ref.index, k, bucket, ref.buffer)
 
 
 @dataclass(frozen=True)
@@ -147,9 +109,9 @@ def check_bucket_alignment(model_chunks: Sequence[Any], *, repair: bool = True) 
         bucket, buffer = info.bucket_obj, info.buffer_obj
         dist_opt = bool(buffer.ddp_config.use_distributed_optimizer)
         bucket_numel = bucket.grad_data.numel()
-        for param in bucket.params_list:
+        for param in bucket_params(bucket):
             report.params += 1
-            want = expected_index(buffer, bucket, param)
+            want = padded_range(buffer, bucket, param)
             name = names.get(param, f"<param {tuple(param.shape)}>")
             if dist_opt and (want[0] + bucket.offset) % PARAM_ALIGNMENT:
                 problems.append(

@@ -1,7 +1,7 @@
 """``ensure_weights_current``: the repair on demand, beside the engine's other users.
 
 For readers of a live model between training steps (export, RL refit, a custom eval). It drives
-the shared :class:`~mbridge_mxfp8_plugin.sync.ParamSyncEngine` (it may gather and write the
+the shared :class:`~mbridge_mxfp8_plugin.engine.sync.ParamSyncEngine` (it may gather and write the
 params), which is why it lives here and not with the read-only check in
 :mod:`~mbridge_mxfp8_plugin.verify`. Public as ``mbridge_mxfp8_plugin.ensure_weights_current``.
 """
@@ -12,8 +12,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from .chunks import model_chunks as _model_chunks
-from .plan import distributed_optimizers
+from ..mcore.chunks import model_chunks as _model_chunks
+from ..mcore.layout import buffers, main_params
 from .sync import ParamSyncEngine, SyncStats
 
 __all__ = ["ensure_weights_current"]
@@ -37,12 +37,10 @@ def _versions(engine: ParamSyncEngine, optimizer: Any) -> tuple[int, ...]:
     counters costs no kernel and no sync.
     """
     out: list[int] = []
-    for chunk in engine.model_chunks:
-        for buffer in list(chunk.buffers) + list(getattr(chunk, "expert_parallel_buffers", [])):
-            for data in (buffer.param_data, buffer.grad_data):
-                out.append(-1 if data is None else data._version)
-    for opt in distributed_optimizers(optimizer):
-        out.extend(m._version for group in opt.shard_fp32_from_float16_groups for m in group if m is not None)
+    for ref in buffers(engine.model_chunks):
+        for data in (ref.param_data, ref.grad_data):
+            out.append(-1 if data is None else data._version)
+    out.extend(m._version for m in main_params(optimizer))
     return tuple(out)
 
 
@@ -52,7 +50,7 @@ def ensure_weights_current(model_chunks: Sequence[Any] | Any, optimizer: Any) ->
     For readers of a live model between training steps (export, RL refit, a custom eval): after
     an optimizer step, with reuse, the params hold the previous step's weights until the next
     forward gathers. Call on every rank at the same point (it may issue the param all-gathers).
-    Uses the model's shared :class:`~mbridge_mxfp8_plugin.sync.ParamSyncEngine`, so it
+    Uses the model's shared :class:`~mbridge_mxfp8_plugin.engine.sync.ParamSyncEngine`, so it
     cooperates with the plugin's callbacks and API.
 
     Nothing is done (no collective, no write) when:

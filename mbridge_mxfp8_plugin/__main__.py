@@ -1,0 +1,5 @@
+"""``python -m mbridge_mxfp8_plugin ...`` is the ``mxfp8-plugin`` console script."""
+
+from .commands.cli import main
+
+raise SystemExit(main())
