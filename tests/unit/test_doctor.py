@@ -75,7 +75,8 @@ def test_doctor_renders_the_one_defect_table() -> None:
     assert proc.returncode == 0, proc.stderr
     for d in DEFECTS.values():
         assert d.symptom in proc.stdout and d.fixed_in in proc.stdout, d.id
-    doctor_src = (Path(__file__).resolve().parents[2] / "mbridge_mxfp8_plugin" / "commands" / "doctor.py").read_text()
+    package = Path(__file__).resolve().parents[2] / "mbridge_mxfp8_plugin"
+    doctor_src = (package / "commands" / "doctor.py").read_text()
     assert not any(d.symptom[:40] in doctor_src for d in DEFECTS.values())
 
 

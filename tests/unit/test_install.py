@@ -199,7 +199,8 @@ def test_installed_console_script(ngc_venv: Path, metadata: email.message.Messag
         [
             str(ngc_venv / "bin" / "python"),
             "-c",
-            f"from {PACKAGE}.config.recipe_files import recipe_path; print(recipe_path('tiny_debug_mxfp8.yaml'))",
+            f"from {PACKAGE}.config.recipe_files import recipe_path;"
+            "print(recipe_path('tiny_debug_mxfp8.yaml'))",
         ],
         cwd=tmp_path,
     )

@@ -63,7 +63,8 @@ def test_cli_and_recipe_lookup_import_nothing_heavy():
     """``check`` and ``doctor`` run on login nodes without torch; the CLI's parser and the shipped
     recipe lookup must not drag it (or a YAML reader) in before a subcommand asks for it."""
     code = (
-        "import sys; from mbridge_mxfp8_plugin.commands import cli; from mbridge_mxfp8_plugin.config import recipe_files;"
+        "import sys; from mbridge_mxfp8_plugin.commands import cli;"
+        "from mbridge_mxfp8_plugin.config import recipe_files;"
         "cli.build_parser(); recipe_files.recipe_path('tiny_debug_mxfp8');"
         "heavy={'torch', 'megatron', 'yaml', 'omegaconf', 'hydra'};"
         "bad=[k for k in sys.modules if k.split('.')[0] in heavy];"
