@@ -21,10 +21,11 @@ import sys
 from typing import Any, TextIO
 
 from ..common.argtypes import positive_int
+from ..common.exit_codes import EXIT_BAD_INPUT as EXIT_UNREADABLE
+from ..common.exit_codes import EXIT_OK
+from ..common.exit_codes import EXIT_REFUSED as EXIT_ERRORS
 
 __all__ = ["add_check_parser", "run_check"]
-
-EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE = 0, 1, 2
 
 
 #: A Hydra override's key: dotted identifiers (``+``/``++`` to add, ``~`` to delete).

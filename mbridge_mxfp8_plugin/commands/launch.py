@@ -22,8 +22,9 @@ Usage (under ``torchrun --nproc_per_node=N -m mbridge_mxfp8_plugin.launch ...`` 
     python -m mbridge_mxfp8_plugin.launch --recipe llama3_8b_pretrain_config \
         --config-file llama3_8b_mxfp8_pretrain train.train_iters=100 mxfp8_plugin.strict=false
 
-Exit status: 0 the job ran (or, with ``--dry-run``, would start); 1 (``--dry-run`` only) the
-train-start config check would refuse it; 2 bad input or a missing package, one ``error:`` line.
+Exit status (:mod:`..common.exit_codes`, the table ``check`` uses too): 0 the job ran (or, with
+``--dry-run``, would start); 1 the train-start config check refused it (or, with ``--dry-run``,
+would); 2 bad input or a missing package, one ``error:`` line.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..common.exit_codes import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED
 from ..common.log import log_rank_zero, show_plugin_messages
-from ..config.read import RecipeInput, compose, merge_onto_container, plugin_section
+from ..config.read import RecipeError, RecipeInput, compose, merge_onto_container, plugin_section
 from ..errors import MXFP8ConfigError
 from ..options import PLUGIN_SECTION, PluginOptions
 
@@ -51,7 +53,6 @@ __all__ = ["Launch", "LaunchError", "main", "plugin_options", "prepare"]
 #: ``--forward-step`` default, Bridge's GPT step (its scripts' ``--step_func gpt_step``).
 DEFAULT_FORWARD_STEP = "megatron.bridge.training.gpt_step:forward_step"
 _FINETUNE_WORDS = ("finetune", "sft", "peft", "lora")
-EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 class LaunchError(MXFP8ConfigError):
@@ -354,10 +355,14 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[Any] = ()) ->
 
             return dry_run(launch, sys.stdout if rank_zero else None)
         launch.run(callbacks)
-    except MXFP8ConfigError as exc:  # LaunchError, RecipeError, a strict config-rule failure
+    except (LaunchError, RecipeError) as exc:  # the input, before a job exists
         if rank_zero:
             print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except MXFP8ConfigError as exc:  # the callback's train-start check refused the job (strict)
+        if rank_zero:
+            print(f"error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     return EXIT_OK
 
 

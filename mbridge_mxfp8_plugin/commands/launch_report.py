@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
+from ..common.exit_codes import EXIT_OK, EXIT_REFUSED
 from ..common.yamltypes import yaml_literal
 
 __all__ = ["dry_run"]
@@ -84,4 +85,4 @@ def dry_run(launch: Any, out: TextIO | None) -> int:
     refused = launch.options.validate and launch.options.strict and not report.ok
     if out is not None:
         out.write(_render(launch, report, refused))
-    return 1 if refused else 0
+    return EXIT_REFUSED if refused else EXIT_OK
