@@ -1,5 +1,6 @@
-"""What every entry point does the same way: hold the options and the shared engine, decide
-whether the plugin applies (one rank-zero log line either way), and check the job at train start.
+"""What every entry point does the same way: hold the options and the shared engine, log what the
+engine's decision says (whether the plugin applies, who owns the sync: :mod:`..engine.applies`,
+one rank-zero line either way), and check the job at train start.
 
 Kept apart from the engine because it is about user-facing policy (what to log, what to refuse),
 and apart from each adapter so that Bridge, Lightning and the loop API cannot drift.
@@ -14,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..common.log import log_rank_zero
 from ..config.validate import ValidationReport, validate_config
+from ..engine.applies import Decision, decide
 from ..engine.resume import ResumeRefresh
 from ..engine.sync import ParamSyncEngine, SyncStats
 from ..errors import MXFP8UsageError
 from ..mcore.chunks import find_model_chunks
-from ..mcore.layout import distributed_optimizers, is_megatron_ddp, reuse_mode_active
+from ..mcore.layout import distributed_optimizers
 from ..options import PluginOptions
-from ..probes.owners import SyncOwner, sync_owner
+from ..probes.owners import SyncOwner
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..verify import WeightReport
@@ -30,7 +32,6 @@ __all__ = [
     "EngineHolder",
     "bridge_resumed",
     "find_model_chunks",
-    "inactive_reason",
     "validate_live_job",
 ]
 
@@ -43,19 +44,6 @@ def bridge_resumed(context: Any) -> bool:
     ``GlobalState.train_state.step`` is the loaded step there, 0 for a fresh job."""
     step = getattr(getattr(getattr(context, "state", None), "train_state", None), "step", 0)
     return isinstance(step, int) and step > 0
-
-
-def inactive_reason(chunks: Sequence[Any]) -> str | None:
-    """Why the plugin has nothing to do for these chunks, or None when it applies."""
-    if not all(is_megatron_ddp(m) for m in chunks):
-        kinds = sorted({type(m).__name__ for m in chunks})
-        return (
-            f"model chunks are {kinds}, not megatron-core DistributedDataParallel "
-            "(Megatron-FSDP and torch DDP do not have these defects)"
-        )
-    if not reuse_mode_active(chunks):
-        return "reuse_grad_buf_for_mxfp8_param_ag is off or the distributed optimizer is not used"
-    return None
 
 
 class EngineHolder:
@@ -124,18 +112,24 @@ class EngineHolder:
                     self._yield_to(self.engine.owner)
             return self.engine
         self._model_key = key
-        # Sticky: Bridge's on_checkpoint_save hands unwrapped modules, which show no FSDP wrapper.
-        self.engine, self._owner = None, self._owner or (None if reason else sync_owner(chunks, optimizer))
-        if self._owner is not None:
-            self._yield_to(self._owner)
+        # The owner is sticky: Bridge's on_checkpoint_save hands unwrapped modules, which show no
+        # FSDP wrapper. ``reason`` (the caller's) stands unless an owner was found before.
+        decision = (
+            Decision(reason=reason)
+            if reason and self._owner is None
+            else decide(chunks, optimizer, owner=self._owner)
+        )
+        self.engine = None
+        if decision.owner is not None:
+            self._yield_to(decision.owner)
             return None
-        self.inactive_reason = reason or inactive_reason(chunks)
+        self.inactive_reason = decision.reason
         if self.inactive_reason:
             log_rank_zero(
                 logging.INFO, "MXFP8 param-sync plugin inactive: %s; nothing to do.", self.inactive_reason
             )
             return None
-        engine = self.engine = ParamSyncEngine.shared(chunks, optimizer)
+        engine = self.engine = ParamSyncEngine.shared(chunks, optimizer, decision=decision)
         report = engine.prepare(repair_offsets=self.options.repair_alignment)
         log_rank_zero(
             logging.INFO,
@@ -152,7 +146,7 @@ class EngineHolder:
     def _yield_to(self, owner: SyncOwner) -> None:
         """Someone else owns the param sync: no engine, and one line a default Bridge job shows."""
         self.engine, self._owner = None, owner
-        self.inactive_reason = f"{owner.owner} owns the param sync ({owner.found})"
+        self.inactive_reason = decide((), owner=owner).reason
         if not self._owner_logged:  # once per job: Bridge's save hands unwrapped modules (new key)
             self._owner_logged = True
             log_rank_zero(logging.WARNING, "%s", owner.message())

@@ -350,20 +350,25 @@ def main(argv: Sequence[str] | None = None, *, callbacks: Sequence[Any] = ()) ->
     rank_zero = os.environ.get("RANK", "0") == "0"
     try:
         launch = prepare(argv)
+    except MXFP8ConfigError as exc:  # the input (arguments, file, plugin options), before a job exists
+        return _fail(exc, EXIT_BAD_INPUT, rank_zero)
+    try:
         if launch.dry_run:
             from .launch_report import dry_run
 
             return dry_run(launch, sys.stdout if rank_zero else None)
         launch.run(callbacks)
-    except (LaunchError, RecipeError) as exc:  # the input, before a job exists
-        if rank_zero:
-            print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except (LaunchError, RecipeError) as exc:  # still the input (e.g. a finetune entry without callbacks)
+        return _fail(exc, EXIT_BAD_INPUT, rank_zero)
     except MXFP8ConfigError as exc:  # the callback's train-start check refused the job (strict)
-        if rank_zero:
-            print(f"error: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
+        return _fail(exc, EXIT_REFUSED, rank_zero)
     return EXIT_OK
+
+
+def _fail(exc: Exception, status: int, rank_zero: bool) -> int:
+    if rank_zero:
+        print(f"error: {exc}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -33,9 +33,10 @@ from typing import Any
 
 from ..errors import MXFP8UsageError
 from ..mcore.buckets import AlignmentReport, check_bucket_alignment
-from ..mcore.layout import bucket_groups, distributed_optimizers, is_megatron_ddp, reuse_mode_active
-from ..probes import CoreBehaviour, probe_core, probe_live_loop
-from ..probes.owners import SyncOwner, optimizer_sync_owner, sync_owner
+from ..mcore.layout import bucket_groups, distributed_optimizers, is_megatron_ddp
+from ..probes import CoreBehaviour, probe_core
+from ..probes.owners import SyncOwner, optimizer_sync_owner
+from .applies import Decision, decide, loop_does_the_work
 from .plan import StagePlans, WriteBackPlan
 
 __all__ = ["ParamSyncEngine", "SyncStats"]
@@ -68,7 +69,9 @@ class ParamSyncEngine:
         optimizer: Any | None = None,
         *,
         behaviour: CoreBehaviour | None = None,
+        decision: Decision | None = None,
     ) -> None:
+        """``decision``: the adapter's :func:`~.applies.decide` for these chunks, taken once."""
         bad = [i for i, c in enumerate(model_chunks) if not is_megatron_ddp(c)]
         if bad:
             raise MXFP8UsageError(
@@ -77,11 +80,12 @@ class ParamSyncEngine:
                 "with the distributed optimizer"
             )
         self.model_chunks = list(model_chunks)
+        decision = decision or decide(self.model_chunks, optimizer)
         #: Megatron-FSDP or the LayerWise optimizer owns the param sync: the engine never acts.
-        self.owner: SyncOwner | None = sync_owner(self.model_chunks, optimizer)
+        self.owner: SyncOwner | None = decision.owner
         self.optimizer = None if self.owner else optimizer
         self.behaviour = behaviour or probe_core()
-        self.active = reuse_mode_active(self.model_chunks) and self.owner is None
+        self.active = decision.applies
         self.overlap = any(c.ddp_config.overlap_param_gather for c in self.model_chunks)
         self._write_plan: WriteBackPlan | None = None
         self._stage_plans = StagePlans()
@@ -100,7 +104,9 @@ class ParamSyncEngine:
         return tuple(id(c) for c in model_chunks)
 
     @classmethod
-    def shared(cls, model_chunks: Sequence[Any], optimizer: Any | None = None) -> ParamSyncEngine:
+    def shared(
+        cls, model_chunks: Sequence[Any], optimizer: Any | None = None, *, decision: Decision | None = None
+    ) -> ParamSyncEngine:
         """The one engine of these model chunks, created on first use.
 
         Two callbacks on the same model (registered twice, or a Bridge and a Lightning adapter)
@@ -110,7 +116,7 @@ class ParamSyncEngine:
         key = cls.model_key(model_chunks)
         engine = _SHARED.get(key)
         if engine is None or any(a is not b for a, b in zip(engine.model_chunks, model_chunks, strict=True)):
-            engine = cls(model_chunks, optimizer)
+            engine = cls(model_chunks, optimizer, decision=decision)
             _SHARED[key] = engine
         else:
             engine.bind_optimizer(optimizer)
@@ -159,31 +165,9 @@ class ParamSyncEngine:
         return all(len(getattr(c, "remove_forward_pre_hook_handles", None) or {}) for c in self.model_chunks)
 
     def loop_stages_itself(self) -> bool:
-        """The running loop stages the main params before every forced sync, and core does the rest.
-
-        True only when all of these hold: megatron-core writes forced gathers back (B1), resets
-        the dispatch state (C) and offers ``prepare_model_params_for_param_sync`` (>= 0.19); the
-        loaded training loop (Megatron-Bridge >= 0.6, Megatron-LM core_v0.19) calls it before its
-        forced syncs; and every distributed optimizer's *own* config has both
-        ``reuse_grad_buf_for_mxfp8_param_ag`` and ``overlap_param_gather`` (core 0.19 stages only
-        then). Then every engine action would only repeat core's work. Remembered in :attr:`passive`.
-        """
-        beh = self.behaviour
-        stages = (
-            beh.has_prepare_for_param_sync
-            and beh.forced_sync_writes_back
-            and beh.has_dispatch_reset
-            and bool(probe_live_loop())
-            and self.optimizer is not None
-        )
-        if stages:
-            opts = distributed_optimizers(self.optimizer)
-            stages = bool(opts) and all(
-                getattr(o.config, "reuse_grad_buf_for_mxfp8_param_ag", False)
-                and getattr(o.config, "overlap_param_gather", False)
-                for o in opts
-            )
-        self._loop_stages = bool(stages)
+        """Ask again whether the running loop and core do all of the plugin's work
+        (:func:`~.applies.loop_does_the_work`); remembered in :attr:`passive`."""
+        self._loop_stages = loop_does_the_work(self.behaviour, self.optimizer)
         return self._loop_stages
 
     @property

@@ -18,7 +18,7 @@ import torch
 
 from .read import BLOCK, Reader
 from .report import WeightReport
-from .shard import first_sampled
+from .sampling import first_sampled
 
 __all__ = ["fold_sources", "group_size", "reduce_folds", "row_sums"]
 

@@ -6,139 +6,28 @@ configuration, so the host cost does not grow with the ops per param. A batch ho
 ``batch_elements`` elements, set from the memory budget (``verify_weights``): the check's extra
 memory is bounded by that, not by the model. Verdicts stay on the device until one read at the
 end; only a failed batch is compared again param by param, to name the params.
+
+The modules beside it each keep one concern out of the compare loop: ``sampling`` picks the
+blocks, ``batches`` holds and packs the plan, ``probe`` settles once what each batch key may do,
+``graphs`` owns the process-wide capture state. What stays here is the order of a call: compare
+on the three paths (values, bytes, the fused kernel), attribute a failure, fill the report.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..errors import MXFP8UsageError
-from . import fused
-from .read import BLOCK, Blocks, Reader, decode, reader_for
-from .reference import PROBE_ROWS, Reference, make_reference, self_check
+from . import fused, graphs
+from .batches import Batch, Item, Owned, Slot, got_bytes, main_rows, pack, sides, split
+from .probe import Probed, Refused, why_type
+from .read import BLOCK, Reader, decode
+from .reference import self_check
 from .report import ParamMismatch, WeightReport
+from .sampling import mxfp8_blocks, runs
 
-__all__ = ["Owned", "Probed", "ShardCheck", "first_sampled", "stride_of"]
-
-#: Extra bytes per compared element at a batch's peak where values are compared (bf16 params,
-#: value-holding MXFP8 types): both sides, the reference instance and its cast's temporaries
-#: (about 19 with the kit's emulated cast), plus a margin.
-BYTES_PER_ELEMENT = 32
-#: Where codes and scales are compared (see ``_flush_codes``), the peak is the write: the
-#: rounded main blocks (2 bytes, or 4 unrounded), the reference's codes (1) and the write's own
-#: temporaries, measured per batch key on a CUDA device (the caching allocator's cumulative
-#: count over a probe write: an upper bound of its peak), else the kit's emulated cast's (13).
-#: After it the rows are freed; the param's gathered codes (1) and the verdict (1/8) are less.
-_DEFAULT_TRANSIENTS = 13.0
-#: Blocks per batch where the fused kernel compares (it allocates nothing): one launch per param
-#: up to 128M elements, so an eager run costs few launches.
-_FUSED_BLOCKS = 1 << 22
-_MARGIN = 1.1
-#: Measured write temporaries per element, per type, configuration and quantizer function (a
-#: process-wide cache: reading the allocator's statistics costs a few hundred microseconds).
-_TRANSIENTS: dict[tuple[Any, ...], float] = {}
-
-
-@dataclass
-class Owned:
-    """The main shard of a param this rank owns, and the slice of the param it covers."""
-
-    main: torch.Tensor | None
-    start: int
-    end: int
-    buffer_dtype: torch.dtype | None  # dtype of the bucket's param_data (what the gather moves)
-
-
-def stride_of(sample: float) -> int:
-    if not 0.0 < sample <= 1.0:
-        raise MXFP8UsageError(f"verify sample must be in (0, 1], got {sample!r}")
-    return max(1, round(1.0 / sample))
-
-
-def first_sampled(offset: int, stride: int, blocks: int) -> int:
-    """The first sampled block of ``blocks``: rotates with ``offset`` over ``min(stride, blocks)``
-    phases, so every block is visited within ``stride`` calls and every param yields one. It
-    depends on ``offset % stride`` only, so a check's plan repeats every ``stride`` calls."""
-    return (offset % stride) % max(1, min(stride, blocks))
-
-
-@dataclass
-class Probed:
-    """What a check learns about each batch key (type, configuration, reader) by probing it: the
-    blocks per batch, whether its reading is trusted or why it is refused, and its reference.
-    Shared by the plans of one layout, so the probe write runs once per key, not per phase."""
-
-    capacity: dict[tuple[Any, ...], int] = field(default_factory=dict)
-    refused: dict[tuple[Any, ...], str] = field(default_factory=dict)
-    trusted: set[tuple[Any, ...]] = field(default_factory=set)
-    references: dict[tuple[Any, ...], Reference] = field(default_factory=dict)
-    fused: set[tuple[Any, ...]] = field(default_factory=set)  # keys compared by the fused kernel
-    written: dict[tuple[Any, ...], int] = field(default_factory=dict)  # blocks per write (fused keys)
-
-
-@dataclass
-class _Slot:
-    """One param's share of the check: its verdict and what it covered."""
-
-    name: str
-    elements: int
-    skipped: int
-    unchecked: str = ""
-    differing: int = 0
-    worst: float = 0.0
-
-
-@dataclass
-class _Item:
-    slot: int
-    reader: Reader
-    main: torch.Tensor
-    start: int  # the shard's first element: main[i - start] is the param's element i
-    blocks: Blocks
-    tail: tuple[torch.Tensor, torch.Tensor] | None = None  # a bf16 shard's last, short run (views)
-    mxfp8_codes: bool = False  # an MXFP8 param read from codes and scales: compared by bytes
-    _views: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def got(self) -> torch.Tensor:
-        """The param's blocks (values, or codes), ``(count, 32)``."""
-        return self._view("got", lambda: self.blocks.take(self.reader.flat))
-
-    def want(self) -> torch.Tensor:
-        """The main shard's blocks, ``(count, 32)``."""
-        return self._view("want", lambda: self.blocks.take(self.main, -self.start))
-
-    def scales(self) -> torch.Tensor:
-        """The E8M0 byte of each block, ``(count,)``."""
-        assert self.reader.scales is not None
-        scales, cols = self.reader.scales, self.reader.scale_cols
-        strided = cols == self.blocks.per_row  # else an index gather: a copy
-        return self._view("scales", lambda: self.blocks.take_scales(scales, cols), strided)
-
-    def _view(self, which: str, make: Callable[[], torch.Tensor], strided: bool = True) -> torch.Tensor:
-        """Strided views are kept for the plan's next use (they read the current bits); a
-        gather (a ragged row's zero-padded blocks, padded scale rows) is a copy, so it is taken
-        anew every time."""
-        view = self._views.get(which)
-        if view is None:
-            view = make()
-            if strided and self.blocks.aligned:
-                self._views[which] = view
-        return view
-
-
-@dataclass
-class _Batch:
-    key: tuple[Any, ...]
-    param: Any  # representative: its type and configuration are the batch's
-    mxfp8: bool
-    round_to: torch.dtype | None
-    items: list[_Item] = field(default_factory=list)
-    blocks: int = 0
+__all__ = ["ShardCheck"]
 
 
 class ShardCheck:
@@ -161,11 +50,11 @@ class ShardCheck:
     ):
         self.report, self.atol, self.stride, self.offset = report, atol, stride, offset
         self.budget = budget_bytes
-        probed = probed or Probed()
+        self.probed = probed = probed or Probed()
         self.capacity = probed.capacity  # batch key -> blocks per batch
         self.empty: dict[tuple[Any, ...], int] = {}  # batch key -> params with no block to compare
-        self.batches: dict[tuple[Any, ...], _Batch] = {}
-        self.slots: list[_Slot] = []
+        self.batches: dict[tuple[Any, ...], Batch] = {}
+        self.slots: list[Slot] = []
         self.references = probed.references
         self.refused = probed.refused  # batch key -> why its type cannot be checked
         self.trusted = probed.trusted  # keys whose reader passed the self-check
@@ -173,12 +62,12 @@ class ShardCheck:
         self.written = probed.written  # a fused key's blocks per write of the type (attribution)
         self._flags: torch.Tensor | None = None  # per call: differing bytes per fused batch
         self._flag_of: dict[int, int] = {}
-        self.verdicts: list[tuple[_Batch, torch.Tensor]] = []
-        self.planned: list[_Batch] = []  # sealed batches, in the order they are compared
+        self.verdicts: list[tuple[Batch, torch.Tensor]] = []
+        self.planned: list[Batch] = []  # sealed batches, in the order they are compared
         self.reusable = True  # False once a compare was refused (the plan is not kept)
         self.runs = 0  # finished calls of this plan
         self.graph: Any = None  # the compares captured as one CUDA graph (see ``_capture``)
-        self.graph_verdicts: list[tuple[_Batch, torch.Tensor]] = []
+        self.graph_verdicts: list[tuple[Batch, torch.Tensor]] = []
         self.no_graph = ""  # why the compares are not replayed from a graph
 
     def restart(self, report: WeightReport) -> None:
@@ -202,162 +91,37 @@ class ShardCheck:
                reader.kind)  # fmt: skip
         slot = len(self.slots)
         if mxfp8:
-            blocks, whole = self._mxfp8_blocks(param, s, e)
-            self.slots.append(_Slot(name, blocks.elements(), (e - s) - whole))
-            item = _Item(slot, reader, main, s, blocks, mxfp8_codes=reader.scales is not None)
+            blocks, whole = mxfp8_blocks(param, s, e, self.offset, self.stride)
+            self.slots.append(Slot(name, blocks.elements(), (e - s) - whole))
+            item = Item(slot, reader, main, s, blocks, mxfp8_codes=reader.scales is not None)
         else:
-            item = self._plain_item(slot, reader, main, s, e)
-            tail = (e - s) % BLOCK if item.tail is not None else 0
-            self.slots.append(_Slot(name, item.blocks.count * BLOCK + tail, 0))
+            blocks, tail = runs(s, e, self.offset, self.stride)
+            views = (reader.flat[e - tail : e], main[e - s - tail : e - s]) if tail else None
+            item = Item(slot, reader, main, s, blocks, views)
+            self.slots.append(Slot(name, blocks.count * BLOCK + tail, 0))
         if item.blocks.count == 0 and item.tail is None:
             self.empty[key] = self.empty.get(key, 0) + 1  # no whole block here: nothing to compare
             return
-        cap = self.capacity.get(key) or self._capacity(key, param, item, round_to)
+        cap = self.capacity.get(key) or self.probed.probe(key, param, item, round_to, self.budget)
         if key in self.refused:
             self.slots[slot].unchecked = self.refused[key]
             return
-        batch = self.batches.get(key) or self.batches.setdefault(key, _Batch(key, param, mxfp8, round_to))
-        lo = 0
-        while True:  # split a param across batches where it does not fit
-            room = cap - batch.blocks
-            part = item.blocks.part(lo, min(room, item.blocks.count - lo))
-            last = lo + part.count >= item.blocks.count
-            run_tail = item.tail if last else None
-            batch.items.append(_Item(slot, reader, main, s, part, run_tail, item.mxfp8_codes))
-            batch.blocks += part.count
-            lo += part.count
-            if batch.blocks >= cap:
-                self._seal(key)
-                batch = self.batches.setdefault(key, _Batch(key, param, mxfp8, round_to))
-            if last:
-                return
 
-    def _mxfp8_blocks(self, param: Any, s: int, e: int) -> tuple[Blocks, int]:
-        """The sampled blocks lying wholly inside the shard ``[s, e)``, and the elements in all
-        whole blocks there. A block straddling two ranks' shards has a scale this rank cannot
-        compute, so it is skipped (and counted)."""
-        last = param.shape[-1] if param.dim() > 0 else 1
-        per_row = -(-last // BLOCK)
-        # Whole blocks inside [s, e) form one range of global block ids (row * per_row + j).
-        r, c = divmod(s, last)
-        j = -(-c // BLOCK)
-        g0 = r * per_row + j if j < per_row else (r + 1) * per_row
-        r, c = divmod(e, last)
-        g1 = max(g0, r * per_row + c // BLOCK)
-        n = g1 - g0
-        first = first_sampled(self.offset, self.stride, n)
-        blocks = Blocks(last, g0 + first, max(0, -(-(n - first) // self.stride)), self.stride)
-        # Elements in whole blocks: each row's last block holds only ``last % 32``.
-        short = 0 if last % BLOCK == 0 else (g1 // per_row - g0 // per_row) * (BLOCK - last % BLOCK)
-        return blocks, n * BLOCK - short
+        def fresh() -> Batch:  # this param stands for the batch it opens
+            return self.batches.setdefault(key, Batch(key, param, mxfp8, round_to))
 
-    def _plain_item(self, slot: int, reader: Reader, main: torch.Tensor, s: int, e: int) -> _Item:
-        """Runs of 32 counted from the shard start (no scale: any grouping compares the same)."""
-        n = (e - s) // BLOCK
-        first = first_sampled(self.offset, self.stride, n)
-        blocks = Blocks(BLOCK, first, max(0, -(-(n - first) // self.stride)), self.stride, origin=s)
-        tail = None
-        if (e - s) % BLOCK and (self.stride == 1 or n == 0):
-            tail = (reader.flat[s + n * BLOCK : e], main[n * BLOCK : e - s])
-        return _Item(slot, reader, main, s, blocks, tail)
+        def full() -> Batch:  # sealed as soon as it fills: the compares run in that order
+            self._seal(key)
+            return fresh()
 
-    def _sides(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """The batch's blocks as read from the params, the reference blocks, and the reference
-        instance (None for bf16 params). One gather per side; codes are decoded once per batch."""
-        dtype = batch.param.dtype
-        got, main = [], []
-        for it in batch.items:
-            got.append(it.got())
-            main.append(it.want())
-            if it.tail is not None:  # padded when read: a plan holds views only
-                pad = (0, BLOCK - it.tail[0].numel())
-                got.append(torch.nn.functional.pad(it.tail[0], pad).view(1, BLOCK))
-                main.append(torch.nn.functional.pad(it.tail[1], pad).view(1, BLOCK))
-        got_all = _cat(got)
-        reader = batch.items[0].reader  # one kind and element format per batch (its key)
-        if reader.scales is not None:
-            scales = _cat([it.scales() for it in batch.items])
-            got_all = decode(got_all, scales, reader.element, dtype)
-        del got
-        rows = _cat(main)
-        del main
-        if batch.round_to is not None:
-            rows = rows.to(batch.round_to)
-        if not batch.mxfp8:
-            return got_all, rows.to(dtype).to(got_all.device), None
-        reference = self.references.get(batch.key)
-        if reference is None:
-            reference = self.references[batch.key] = make_reference(batch.param)
-        want, small = reference(rows)
-        return got_all, want.to(got_all.device), small
+        pack(item, cap, self.batches.get(key) or fresh(), full)
 
-    def _capacity(self, key: tuple[Any, ...], param: Any, item: _Item, round_to: torch.dtype | None) -> int:
-        """Blocks per batch of ``key``, from the budget. For codes, a probe write of the first
-        blocks (at most ``PROBE_ROWS``) checks the reading against the type's own
-        ``dequantize`` (else the key is refused) and measures the write's temporaries."""
-        cap = max(BLOCK, self.budget // (BYTES_PER_ELEMENT * BLOCK))
-        if not item.mxfp8_codes:
-            self.capacity[key] = cap
-            return cap
-        try:
-            reference = self.references[key] = make_reference(param)
-            n = min(item.blocks.count, PROBE_ROWS)
-            rows = _padded_rows(item.main, n, round_to)
-            rows[:n].copy_(item.blocks.part(0, n).take(item.main, -item.start))
-            small = reference._empty((rows.shape[0], BLOCK), rows.device)
-            update = getattr(type(reference.quantizer), "update_quantized", None)
-            measured = key + (rows.device, reference.path, update)
-            known = _TRANSIENTS.get(measured)
-            before = _allocated(rows.device) if known is None else None
-            reference.write(small, rows)
-            after = _allocated(rows.device) if before is not None else None
-            if not hasattr(small, "dequantize"):
-                raise _Refused(f"{type(small).__name__} has no dequantize() to check its reading against")
-            with torch._C.DisableTorchFunctionSubclass():
-                want = torch.Tensor.to(small.dequantize(), param.dtype)[:n]
-            reason = self_check(reference, small, want)
-            if reason:
-                raise _Refused(reason)
-            self.trusted.add(key)
-            transients = _DEFAULT_TRANSIENTS if known is None else known
-            if before is not None and after is not None:
-                transients = _TRANSIENTS[measured] = (after - before) / rows.numel()
-            per_element = _MARGIN * (rows.element_size() + 1 + transients) + 0.25
-            cap = max(BLOCK, int(self.budget / (per_element * BLOCK)) // BLOCK * BLOCK)
-            if self._agrees_with_fused(item, reference, small, n, round_to):
-                # The kernel allocates nothing: its batches are bounded only so that a flagged
-                # one is judged again by the type's write a budget-sized part at a time.
-                self.fused.add(key)
-                self.written[key] = cap
-                cap = max(cap, _FUSED_BLOCKS)
-        except Exception as exc:  # noqa: BLE001 - the rank must still join the all-reduce
-            self.refused[key] = str(exc) if isinstance(exc, _Refused) else _why_type(param, exc)
-        self.capacity[key] = cap
-        return cap
+    def _seal(self, key: tuple[Any, ...]) -> None:
+        batch = self.batches.pop(key, None)
+        if batch is not None and batch.items:
+            self.planned.append(batch)
 
-    @staticmethod
-    def _agrees_with_fused(
-        item: _Item, reference: Reference, small: Any, n: int, round_to: torch.dtype | None
-    ) -> bool:
-        """Whether the fused kernel writes the bytes the type's own write wrote: on the probe's
-        ``n`` real blocks (``small`` holds them) and on crafted blocks where rules part."""
-        if not fused.usable(item.reader, round_to, item.main):
-            return False
-        try:
-            rounding = round_to is not None
-            reader = reader_for(small)
-            main = item.blocks.part(0, n).take(item.main, -item.start)
-            if isinstance(reader, str) or fused.differing_bytes(main, reader, rounding):
-                return False
-            crafted = fused.crafted_rows(item.main.device)
-            instance = reference._empty((crafted.shape[0], BLOCK), crafted.device)
-            reference.write(instance, _rounded(crafted, round_to))
-            reader = reader_for(instance)
-            return not isinstance(reader, str) and fused.differing_bytes(crafted, reader, rounding) == 0
-        except Exception:  # noqa: BLE001 - the type's own write path stays the reference
-            return False
-
-    def _flush_fused(self, batch: _Batch) -> None:
+    def _flush_fused(self, batch: Batch) -> None:
         """One kernel launch per item: TE's cast of the main blocks against the param's bytes.
         A batch it finds differing is judged again by the type's own write (``_attribute``)."""
         slot = self._flag_of[id(batch)]
@@ -376,49 +140,18 @@ class ShardCheck:
             device = batches[0].items[0].main.device
             self._flags = torch.zeros(len(batches), dtype=torch.int32, device=device)
 
-    def _main_rows(self, batch: _Batch) -> torch.Tensor:
-        """The batch's main blocks as the gather delivers them, ``(k, 32)`` contiguous, zero
-        rows appended up to whole 32-row tiles (TE quantizes whole tiles; a zero row is a block
-        of its own): one rounding copy per param."""
-        items = batch.items
-        if len(items) == 1 and batch.blocks % BLOCK == 0:
-            it = items[0]
-            return _rounded(it.want(), batch.round_to).contiguous()
-        rows = _padded_rows(items[0].main, batch.blocks, batch.round_to)
-        # One cat into the rounded rows (the copies loop in C++, not here).
-        torch.cat([it.want() for it in items], out=rows[: batch.blocks])
-        return rows
-
-    def _got_bytes(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The param's codes ``(k, 32)`` and scale bytes ``(k,)``: views where one param fills
-        the batch, else one gathering copy per param."""
-        items = batch.items
-        if len(items) == 1:
-            return items[0].got(), items[0].scales()
-        flat = items[0].reader.flat
-        codes = torch.empty((batch.blocks, BLOCK), dtype=flat.dtype, device=flat.device)
-        scales = torch.empty((batch.blocks,), dtype=torch.uint8, device=flat.device)
-        torch.cat([it.got() for it in items], out=codes)
-        torch.cat([it.scales() for it in items], out=scales)
-        return codes, scales
-
-    def _flush_codes(self, batch: _Batch) -> None:
+    def _flush_codes(self, batch: Batch) -> None:
         """Codes and scale bytes of the reference against the param's: equal bytes are equal
         values. A batch with differing bytes is compared by value in ``finish`` (a checkpoint
         load re-quantizes about 5% of blocks to other bytes with the same values)."""
-        rows = self._main_rows(batch)
+        rows = main_rows(batch)
         codes, scales = self.references[batch.key].codes(rows, batch.blocks)
         del rows
-        got_codes, got_scales = self._got_bytes(batch)
+        got_codes, got_scales = got_bytes(batch)
         self.verdicts.append((batch, _differ(codes, got_codes)))
         self.verdicts.append((batch, torch.ne(scales, got_scales).any()))
 
-    def _seal(self, key: tuple[Any, ...]) -> None:
-        batch = self.batches.pop(key, None)
-        if batch is not None and batch.items:
-            self.planned.append(batch)
-
-    def _compare(self, batch: _Batch) -> None:
+    def _compare(self, batch: Batch) -> None:
         """Compare one batch; the verdict stays on the device (no host sync per batch)."""
         if batch.items[0].mxfp8_codes:
             if id(batch) in self._flag_of:
@@ -426,11 +159,11 @@ class ShardCheck:
             else:
                 self._flush_codes(batch)
             return
-        got, want, small = self._sides(batch)
+        got, want, small = sides(batch, self.references)
         if small is not None and batch.key not in self.trusted:
             reason = self_check(self.references[batch.key], small, want)
             if reason:
-                raise _Refused(reason)
+                raise Refused(reason)
             self.trusted.add(batch.key)
         if self.atol:
             differs = ~((got.float() - want.float()).abs() <= self.atol).all()
@@ -438,11 +171,11 @@ class ShardCheck:
             differs = (got != want).any()  # NaN counts as a difference
         self.verdicts.append((batch, differs))
 
-    def _flush(self, batch: _Batch) -> None:
+    def _flush(self, batch: Batch) -> None:
         try:
             self._compare(batch)
         except Exception as exc:  # noqa: BLE001 - the rank must still join the all-reduce
-            reason = str(exc) if isinstance(exc, _Refused) else _why(batch, exc)
+            reason = str(exc) if isinstance(exc, Refused) else why_type(batch.param, exc)
             self.refused[batch.key], self.reusable = reason, False
             for it in batch.items:
                 self.slots[it.slot].unchecked = reason
@@ -462,11 +195,9 @@ class ShardCheck:
             return False
         if not self.planned or not self.planned[0].items[0].main.is_cuda:
             return False
-        if os.environ.get("MXFP8_VERIFY_CUDA_GRAPH", "1") == "0":
-            self.no_graph = "MXFP8_VERIFY_CUDA_GRAPH=0"
-            return False
-        if _GRAPHS_OFF:  # one failed capture turns them off for the process
-            self.no_graph = _GRAPHS_OFF[0]
+        refusal = graphs.refusal()
+        if refusal:
+            self.no_graph = refusal
             return False
         return not torch.cuda.is_current_stream_capturing()
 
@@ -482,28 +213,18 @@ class ShardCheck:
         reason is kept in ``no_graph`` and the plan runs eagerly."""
         for reference in self.references.values():
             reference.release()  # its instance is made inside the capture, in the graph's pool
-        graph = torch.cuda.CUDAGraph()
         self.verdicts = []
-        # Not ``torch.cuda.graph``: its entry empties the allocator's cache (and collects
-        # garbage), which would cost the training job its cached blocks at every capture.
-        stream, caller = _capture_stream(), torch.cuda.current_stream()
-        stream.wait_stream(caller)
+
+        def record() -> torch.Tensor:
+            self._new_flags()
+            for batch in self.planned:
+                self._compare(batch)
+            return torch.stack([v for _, v in self.verdicts])
+
         try:
-            with torch.cuda.stream(stream):
-                graph.capture_begin(pool=_graph_pool(), capture_error_mode="thread_local")
-                try:
-                    self._new_flags()
-                    for batch in self.planned:
-                        self._compare(batch)
-                    stacked = torch.stack([v for _, v in self.verdicts])
-                finally:
-                    graph.capture_end()
-            caller.wait_stream(stream)
-        except Exception as exc:  # noqa: BLE001 - eager compares judge the same
-            caller.wait_stream(stream)
-            _end_allocating_to_pool()
-            self.no_graph = f"not capturable ({type(exc).__name__}: {exc})"
-            _GRAPHS_OFF.append(self.no_graph)
+            graph, stacked = graphs.capture(record)
+        except graphs.Uncapturable as exc:  # eager compares judge the same
+            self.no_graph = str(exc)
             self.verdicts = []
             for reference in self.references.values():
                 reference.release()
@@ -539,14 +260,14 @@ class ShardCheck:
                     self._attribute(batch)
         self._tally(max_names)
 
-    def _attribute_codes(self, batch: _Batch) -> None:
+    def _attribute_codes(self, batch: Batch) -> None:
         """Values of a batch whose bytes differ, param by param, a bounded chunk at a time."""
         cap = self.written.get(batch.key, batch.blocks)
         if batch.blocks > cap:  # a fused batch: judged by the type's write in budget-sized parts
-            for part in _split(batch, cap):
+            for part in split(batch, cap):
                 self._attribute_codes(part)
             return
-        rows = self._main_rows(batch)
+        rows = main_rows(batch)
         reference = self.references[batch.key]
         codes, scales = reference.codes(rows, batch.blocks)
         del rows
@@ -563,11 +284,11 @@ class ShardCheck:
             r += it.blocks.count
         reference.release()
 
-    def _attribute(self, batch: _Batch) -> None:
+    def _attribute(self, batch: Batch) -> None:
         if batch.items[0].mxfp8_codes:
             self._attribute_codes(batch)
             return
-        got, want, _ = self._sides(batch)
+        got, want, _ = sides(batch, self.references)
         row = 0
         for it in batch.items:
             rows = it.blocks.count + (it.tail is not None)
@@ -605,35 +326,6 @@ class ShardCheck:
                 report.count_path(f"{reference.path}, read {key[-1]}{how}", count)
 
 
-def _split(batch: _Batch, cap: int) -> list[_Batch]:
-    """``batch`` as batches of at most ``cap`` blocks (items split where they cross a border)."""
-    parts = [_Batch(batch.key, batch.param, batch.mxfp8, batch.round_to)]
-    for it in batch.items:
-        lo = 0
-        while lo < it.blocks.count:
-            if parts[-1].blocks >= cap:
-                parts.append(_Batch(batch.key, batch.param, batch.mxfp8, batch.round_to))
-            take = min(cap - parts[-1].blocks, it.blocks.count - lo)
-            parts[-1].items.append(_Item(it.slot, it.reader, it.main, it.start, it.blocks.part(lo, take),
-                                         None, it.mxfp8_codes))  # fmt: skip
-            parts[-1].blocks += take
-            lo += take
-    return [p for p in parts if p.items]
-
-
-def _rounded(main: torch.Tensor, round_to: torch.dtype | None) -> torch.Tensor:
-    return main.to(round_to) if round_to is not None else main
-
-
-def _padded_rows(main: torch.Tensor, k: int, round_to: torch.dtype | None) -> torch.Tensor:
-    """An uninitialised ``(k, 32)`` batch of rows with zero rows up to a multiple of 32."""
-    pad = (-k) % BLOCK
-    rows = torch.empty((k + pad, BLOCK), dtype=round_to or main.dtype, device=main.device)
-    if pad:
-        rows[k:].zero_()
-    return rows
-
-
 def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Whether any byte differs (0-d, on the device): 8 bytes per compare where the layout lets."""
     try:
@@ -641,64 +333,3 @@ def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     except RuntimeError:
         pass
     return torch.ne(a, b).any()
-
-
-def _allocated(device: torch.device) -> int | None:
-    """Bytes the caching allocator has handed out so far (cumulative: no reset of anyone's peak)."""
-    if device.type != "cuda":
-        return None
-    return int(torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)) or None
-
-
-_POOLS: dict[int, Any] = {}
-#: Why captures are off for this process, once one failed: a failed capture may leave the
-#: allocator routing the side stream's allocations to the pool, so no other is attempted.
-_GRAPHS_OFF: list[str] = []
-
-
-def _end_allocating_to_pool() -> None:
-    """Undo what a failed capture may have left: the side stream allocating into the pool."""
-    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
-    device = torch.cuda.current_device()
-    if end is not None and device in _POOLS:
-        try:
-            end(device, _POOLS[device])
-        except Exception:  # noqa: BLE001, S110 - nothing was left to undo
-            pass
-
-
-_STREAMS: dict[int, Any] = {}
-
-
-def _capture_stream() -> Any:
-    """One side stream per device for every capture: the allocator reuses a freed block only on
-    the stream it was allocated on, so a new stream per capture would grow the pool each time."""
-    device = torch.cuda.current_device()
-    if device not in _STREAMS:
-        _STREAMS[device] = torch.cuda.Stream()
-    return _STREAMS[device]
-
-
-def _graph_pool() -> Any:
-    """One memory pool per device for every plan's graph: they replay one at a time, so each
-    graph's intermediates may reuse another's (outputs stay referenced and are not reused)."""
-    device = torch.cuda.current_device()
-    if device not in _POOLS:
-        _POOLS[device] = torch.cuda.graph_pool_handle()
-    return _POOLS[device]
-
-
-def _cat(pieces: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-
-
-class _Refused(Exception):
-    """The type's blocks cannot be read or referenced the way the type does it."""
-
-
-def _why(batch: _Batch, exc: Exception) -> str:
-    return _why_type(batch.param, exc)
-
-
-def _why_type(param: Any, exc: Exception) -> str:
-    return f"no same-type reference for {type(param).__name__} ({type(exc).__name__}: {exc})"

@@ -22,10 +22,13 @@ from ..mcore.layout import (
     main_shards,
 )
 from ..options import DEFAULT_VERIFY_SAMPLE
+from .batches import Owned
+from .probe import Probed
 from .read import Reader, reader_for
 from .replica import fold_sources, group_size, reduce_folds, row_sums
 from .report import WeightReport
-from .shard import Owned, Probed, ShardCheck, stride_of
+from .sampling import stride_of
+from .shard import ShardCheck
 
 __all__ = ["verify_weights"]
 

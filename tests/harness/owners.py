@@ -78,9 +78,8 @@ def _rank_body(gate: bool, loop: str) -> OwnerRun:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("NO_VCS_VERSION", "1")
     from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-    from mbridge_mxfp8_plugin.adapters import session as _adapter
     from mbridge_mxfp8_plugin.common.log import logger
-    from mbridge_mxfp8_plugin.engine import sync
+    from mbridge_mxfp8_plugin.engine import applies, sync
     from mbridge_mxfp8_plugin.testing.cpu_shim import cpu_shim
     from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import emulated_mxfp8
     from mbridge_mxfp8_plugin.testing.toy import build_job
@@ -90,7 +89,7 @@ def _rank_body(gate: bool, loop: str) -> OwnerRun:
 
     out = OwnerRun()
     if not gate:  # the plugin as it would be without the owner gate
-        _adapter.sync_owner = sync.sync_owner = lambda *a, **k: None  # type: ignore[assignment]
+        applies.sync_owner = lambda *a, **k: None  # type: ignore[assignment]
         sync.optimizer_sync_owner = lambda *a, **k: None  # type: ignore[assignment]
     handler = _Lines(out.log_lines)
     logger.addHandler(handler)

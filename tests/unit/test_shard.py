@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 
 from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
+from mbridge_mxfp8_plugin.verify.batches import Owned
 from mbridge_mxfp8_plugin.verify.read import reader_for
 from mbridge_mxfp8_plugin.verify.report import WeightReport
-from mbridge_mxfp8_plugin.verify.shard import Owned, ShardCheck
+from mbridge_mxfp8_plugin.verify.shard import ShardCheck
 
 
 def _param() -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,94 @@
+"""CUDA-graph capture of a plan's compares, and the process-wide state every capture shares.
+
+The pool and the side stream are per device, not per plan: kept plans replay one at a time, so
+one pool holds one batch's intermediates for all of them, and the allocator reuses a freed block
+only on the stream that allocated it. A capture that fails may leave the allocator routing that
+stream's allocations into the pool; it is undone once and no other capture is tried in the
+process, since what a type's write path does under capture does not change between calls.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = ["Uncapturable", "capture", "refusal"]
+
+_T = TypeVar("_T")
+
+_POOLS: dict[int, Any] = {}
+_STREAMS: dict[int, Any] = {}
+#: Why captures are off for this process, once one failed: a failed capture may leave the
+#: allocator routing the side stream's allocations to the pool, so no other is attempted.
+_GRAPHS_OFF: list[str] = []
+
+
+class Uncapturable(Exception):
+    """The compares could not be captured; the message is why (captures are then off)."""
+
+
+def refusal() -> str:
+    """Why no capture may be tried in this process ('' where one may)."""
+    if os.environ.get("MXFP8_VERIFY_CUDA_GRAPH", "1") == "0":
+        return "MXFP8_VERIFY_CUDA_GRAPH=0"
+    if _GRAPHS_OFF:  # one failed capture turns them off for the process
+        return _GRAPHS_OFF[0]
+    return ""
+
+
+def capture(record: Callable[[], _T]) -> tuple[Any, _T]:
+    """The CUDA graph of what ``record`` launches, and what it returned (tensors of the graph).
+
+    Not ``torch.cuda.graph``: its entry empties the allocator's cache (and collects garbage),
+    which would cost the training job its cached blocks at every capture. Raises
+    :class:`Uncapturable` after undoing what the failed capture left."""
+    graph = torch.cuda.CUDAGraph()
+    stream, caller = _capture_stream(), torch.cuda.current_stream()
+    stream.wait_stream(caller)
+    try:
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=_graph_pool(), capture_error_mode="thread_local")
+            try:
+                out = record()
+            finally:
+                graph.capture_end()
+        caller.wait_stream(stream)
+    except Exception as exc:  # noqa: BLE001 - eager compares judge the same
+        caller.wait_stream(stream)
+        _end_allocating_to_pool()
+        reason = f"not capturable ({type(exc).__name__}: {exc})"
+        _GRAPHS_OFF.append(reason)
+        raise Uncapturable(reason) from exc
+    return graph, out
+
+
+def _end_allocating_to_pool() -> None:
+    """Undo what a failed capture may have left: the side stream allocating into the pool."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    device = torch.cuda.current_device()
+    if end is not None and device in _POOLS:
+        try:
+            end(device, _POOLS[device])
+        except Exception:  # noqa: BLE001, S110 - nothing was left to undo
+            pass
+
+
+def _capture_stream() -> Any:
+    """One side stream per device for every capture: the allocator reuses a freed block only on
+    the stream it was allocated on, so a new stream per capture would grow the pool each time."""
+    device = torch.cuda.current_device()
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream()
+    return _STREAMS[device]
+
+
+def _graph_pool() -> Any:
+    """One memory pool per device for every plan's graph: they replay one at a time, so each
+    graph's intermediates may reuse another's (outputs stay referenced and are not reused)."""
+    device = torch.cuda.current_device()
+    if device not in _POOLS:
+        _POOLS[device] = torch.cuda.graph_pool_handle()
+    return _POOLS[device]
