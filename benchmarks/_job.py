@@ -1,0 +1,210 @@
+"""What the benchmarks of ``eval_sync.py`` share: the model sizes, timing and memory helpers, the
+job they measure (a toy model after one real step, its prepared engine), the all-gather counter,
+and how a ``torchrun`` worker starts, measures each size and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+#: The command every worker runs under ``torchrun`` (``eval_sync.py worker`` / ``verify-worker``).
+CLI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval_sync.py")
+SIZES = {"125M": (1024, 120), "1B": (4096, 60), "4B": (8192, 60)}  # hidden, layers of [h, h]
+DEFAULT_SIZES = "1B,4B"
+REPS = 5
+
+
+# ----------------------------------------------------------------------------------- timing
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    torch.distributed.barrier()
+
+
+def timed(fn: Any) -> float:
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def timeit(fn: Any, setup: Any = None, reps: int = REPS) -> float:
+    """Median seconds of ``fn`` over ``reps`` runs after one warm-up; ``setup`` runs untimed."""
+    times = []
+    for i in range(reps + 1):
+        if setup:
+            setup()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------------- memory
+def allocated() -> int:
+    import torch
+
+    return torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
+
+
+def peak_extra(fn: Any) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    sync()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()  # not sync(): a barrier allocates its own small tensor
+    return int(torch.cuda.max_memory_allocated() - base)
+
+
+# -------------------------------------------------------------------------------------- job
+def train_one_step(job: Any) -> None:
+    """One step in megatron-core's loop order (Megatron-LM core_v0.16.1 training.py L1614-1647)."""
+    import torch
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    from mbridge_mxfp8_plugin.testing.toy import make_batches
+
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    for chunk in job.model:
+        chunk.zero_grad_buffer()
+    job.optimizer.zero_grad()
+    if len(job.model[0].remove_forward_pre_hook_handles) > 0:  # stage only with pre-hooks on
+        for opt in job.optimizer.chained_optimizers:
+            if isinstance(opt, DistributedOptimizer):
+                opt._copy_main_params_to_param_buffer()
+    ((x, y),) = make_batches(job.toy, 1, rank=rank, world=world, salt=0)
+    job.model[0](x, y).backward()
+    for chunk in job.model:
+        chunk.finish_grad_sync()
+    job.optimizer.step()
+
+
+def prepared_job(hidden: int, layers: int, micro_batch_size: int = 4) -> tuple[Any, Any]:
+    """``layers`` layers of ``[hidden, hidden]`` in the steady state (pre-hooks on, one real step
+    behind us: the buffer holds reduced gradients), and its prepared engine."""
+    from mbridge_mxfp8_plugin import ParamSyncEngine
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+
+    job = build_job(ToyConfig(dims=(hidden,) * (layers + 1), micro_batch_size=micro_batch_size))
+    train_one_step(job)
+    engine = ParamSyncEngine(job.model, job.optimizer)
+    engine.prepare()
+    return job, engine
+
+
+def between_evals(engine: Any) -> Callable[[], None]:
+    """Stands in for a training step between two evals: the weights are no longer fresh and no
+    group is left dispatched."""
+
+    def reset() -> None:
+        engine.step_started()
+        for g in engine.bucket_groups():
+            g.param_gather_dispatched = False
+
+    return reset
+
+
+def framework_forced_sync(job: Any) -> None:
+    for chunk in job.model:
+        chunk.start_param_sync(force_sync=True)
+
+
+def prestaged_transition(job: Any, engine: Any) -> None:
+    """The Bridge callback's eval path: stage at the step's end, the framework's forced gather,
+    ``before_eval``'s write-back, ``after_forced_sync``."""
+    engine.before_forced_sync()
+    framework_forced_sync(job)
+    engine.before_eval()
+    engine.after_forced_sync()
+
+
+class GatherCounter:
+    """Counts all-gathers megatron-core issues (its buffer module binds the function at import)."""
+
+    def __init__(self) -> None:
+        from megatron.core.distributed import param_and_grad_buffer as pgb
+
+        self.pgb, self.orig, self.count = pgb, pgb.dist_all_gather_func, 0
+
+        def counted(*a: Any, **k: Any) -> Any:
+            self.count += 1
+            return self.orig(*a, **k)
+
+        pgb.dist_all_gather_func = counted
+
+    def take(self) -> int:
+        n, self.count = self.count, 0
+        return n
+
+    def restore(self) -> None:
+        self.pgb.dist_all_gather_func = self.orig
+
+
+# ------------------------------------------------------------------------------------ ranks
+def parse_size(label: str) -> tuple[int, int]:
+    """``1B`` etc. (:data:`SIZES`) or ``HIDDENxLAYERS``."""
+    return SIZES[label] if label in SIZES else tuple(int(v) for v in label.split("x"))  # type: ignore[return-value]
+
+
+def start_ranks() -> None:
+    """This rank's GPU (where there is one) and the process group (NCCL, or gloo on CPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def measure_sizes(
+    out: dict[str, Any], sizes: str, measure: Callable[[str, int, int], dict[str, Any]]
+) -> None:
+    """``measure(label, hidden, layers)`` of every size into ``out["sizes"]``; rank 0 prints each."""
+    import torch
+
+    for label in sizes.split(","):
+        hidden, layers = parse_size(label)
+        out["sizes"].append(measure(label, hidden, layers))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the size's job is gone with measure's frame
+        if torch.distributed.get_rank() == 0:
+            print(json.dumps(out["sizes"][-1]), flush=True)
+
+
+def finish_ranks(out: dict[str, Any], json_path: str) -> None:
+    import torch
+
+    if torch.distributed.get_rank() == 0:
+        Path(json_path).write_text(json.dumps(out, indent=2))
+    torch.distributed.destroy_process_group()
+
+
+def torchrun(nproc: int, *args: str) -> list[str]:
+    """The command line of one ``torchrun`` worker of :data:`CLI`."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), CLI, *args]
+
+
+def core_env(path: str, **extra: str) -> dict[str, str]:
+    """The environment of a worker on the megatron-core install at ``path``."""
+    return dict(
+        os.environ,
+        PYTHONPATH=f"{path}:{REPO}:{os.environ.get('PYTHONPATH', '')}",
+        NO_VCS_VERSION="1",
+        **extra,
+    )
