@@ -49,7 +49,8 @@ test-main: $(STAMP)
 	MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -rs --durations=15 \
 		$(MAIN_TIERS)
 	MXFP8_PARAM_KIND=te MXFP8_EXPECT_FUSED=1 NO_VCS_VERSION=1 $(PY) -m pytest -q -p no:cacheprovider -m matrix \
-		tests/ranks/test_matrix.py tests/ranks/test_verify.py
+		tests/ranks/test_matrix.py tests/ranks/test_weights.py tests/ranks/test_sampling.py \
+		tests/ranks/test_replica.py tests/ranks/test_ensure.py
 
 matrix:
 	bash .ci/matrix.sh core0140 core0153 core0171 core0182 core0192

@@ -39,7 +39,7 @@ declare -A REAL_PRETRAIN=([core0171]=1 [core0182]=1 [core0192]=1)
 # Transformer Engine branches of core and of the plugin run in CI: the newest pair here, core 0.16.1
 # in the main tier (Makefile test-main); a subset, for CI time.
 declare -A TE_PASS=([core0161]=1 [core0192]=1)
-TE_PASS_TESTS="tests/ranks/test_matrix.py tests/ranks/test_verify.py tests/ranks/test_exit_saves.py"
+TE_PASS_TESTS="tests/ranks/test_matrix.py tests/ranks/test_weights.py tests/ranks/test_sampling.py tests/ranks/test_replica.py tests/ranks/test_ensure.py tests/ranks/test_exit_saves.py"
 cells=("$@")
 [ ${#cells[@]} -eq 0 ] && cells=("${ORDER[@]}")
 

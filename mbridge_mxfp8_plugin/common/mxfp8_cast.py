@@ -5,7 +5,7 @@ A leaf of the package so that both of the test kit's MXFP8 params (the values-ho
 :mod:`mbridge_mxfp8_plugin.testing.te_mxfp8`) write through one function and cannot drift, and so
 that the weight verifier can read the block geometry (:data:`MXFP8_BLOCK`) without importing the
 kit; the verifier's reference itself is each param type's own write path.
-tests/unit/test_emulation.py pins the rule on crafted blocks worked out from TE's kernel behaviour.
+tests/unit/test_mxfp8_cast.py pins the rule on crafted blocks worked out from TE's kernel behaviour.
 
 The rule, per block of 32 consecutive elements along the last dimension:
 

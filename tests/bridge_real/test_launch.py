@@ -4,26 +4,20 @@ The proof runs Megatron-Bridge's real ``pretrain()`` (2 gloo ranks, as tests/bri
 three times in one rank launch (harness/bridge_real/launcher_job.py): the shipped recipe
 ``tiny_gpt_mxfp8_launch`` through the launcher, the same job built in Python with
 ``MXFP8ParamSyncCallback`` passed by hand, and the launcher with ``mxfp8_plugin.enabled=false``.
-``--dry-run`` runs in this process on the same recipe flow (Bridge's ``omegaconf_utils``,
-``ConfigContainer`` and ``pretrain`` module; TE stood in for), and a missing or broken Transformer
-Engine, or Bridge's recipe package failing to import, must each be one line and exit 2. What is
-judged before Bridge is imported is tests/unit/test_launch_args.py.
+A missing or broken Transformer Engine must be one line and exit 2. ``--dry-run`` on the same recipe
+flow (and Bridge's recipe package failing to import) is tests/bridge_real/test_launch_report.py;
+what is judged before Bridge is imported is tests/unit/test_launch_args.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
-
-from mbridge_mxfp8_plugin.commands.launch import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny_gpt_mxfp8_launch.yaml"
@@ -45,86 +39,6 @@ needs_bridge = pytest.mark.skipif(
 
 # ``main`` gives the plugin's logger a stderr handler (tests/conftest.py puts it back after each test).
 pytestmark = pytest.mark.usefixtures("plugin_logger_restored")
-
-
-# --------------------------------------------------------------------------- --dry-run
-@pytest.fixture(scope="module")
-def dry_run():
-    """``main(["--dry-run", ...])`` in this process on Bridge's real recipe flow (its
-    ``omegaconf_utils``, ``pretrain`` module and ``ConfigContainer``), TE and CUDA stood in for by
-    ``bridge_on_cpu``; returns ``(exit status, stdout, stderr)``."""
-    from harness.bridge_cpu import bridge_on_cpu
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        with bridge_on_cpu(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(["--dry-run", *argv])
-        return rc, out.getvalue(), err.getvalue()
-
-    if _BRIDGE_MISSING and os.environ.get("MXFP8_REAL_BRIDGE") != "require":
-        pytest.skip(f"needs {_BRIDGE_MISSING}")
-    return run
-
-
-def _knob(out: str, name: str) -> str:
-    (line,) = [ln for ln in out.splitlines() if ln.split()[:1] == [name]]
-    return line.split()[1]
-
-
-def test_dry_run_builds_the_job_and_trains_nothing(dry_run):
-    rc, out, err = dry_run("--recipe", JOB, "--config-file", str(RECIPE), "mxfp8_plugin.verify_sample=0.25")
-    assert rc == 0, out + err
-    assert (
-        "verdict: the job would start" in out
-        and "callbacks added to pretrain(): MXFP8ParamSyncCallback" in out
-    )
-    # the options: the file's section, then the override
-    assert "  dp_size: 2\n" in out and "  verify_sample: 0.25\n" in out and "  strict: true\n" in out
-    # the knobs the YAML switches on and the recipe function leaves off (the merge happened)
-    assert _knob(out, "ddp.reuse_grad_buf_for_mxfp8_param_ag") == "true"
-    assert "mxfp8  (from mixed_precision=bf16_with_mxfp8_mixed)" in out
-    assert "MX001  pass" in out and "0 error(s)" in out
-    assert not torch.distributed.is_initialized()  # pretrain() (initialize_megatron) never ran
-
-
-def test_dry_run_says_when_train_start_would_refuse(dry_run):
-    """No distributed optimizer: param gather cannot work (MX003). Strict, a run would refuse to
-    start (exit 1); lenient, it would log and train (exit 0)."""
-    off = ["ddp.use_distributed_optimizer=false", "optimizer.use_distributed_optimizer=false"]
-    rc, out, _ = dry_run("--recipe", JOB, "--config-file", str(RECIPE), *off)
-    assert rc == 1 and "verdict: the train-start check would refuse this job" in out, out
-    assert "error MX003" in out and _knob(out, "ddp.use_distributed_optimizer") == "false"
-    rc, out, _ = dry_run("--recipe", JOB, "--config-file", str(RECIPE), *off, "mxfp8_plugin.strict=false")
-    assert rc == 0 and "a run would log these errors and train (strict: false)" in out, out
-
-
-def test_dry_run_refuses_what_a_run_refuses(dry_run):
-    """The job is built as for a run: a key the ConfigContainer lacks (Bridge would skip it) and
-    a recipe function that is not there stop the dry run with the run's one line."""
-    rc, _, err = dry_run("--recipe", JOB, "--config-file", str(RECIPE), "+model.num_layerz=3")
-    assert rc == 2 and err.count("error: ") == 1 and "model.num_layerz" in err and "num_layers" in err, err
-    rc, _, err = dry_run("--recipe", JOB + "x", "--config-file", str(RECIPE))
-    assert rc == 2 and "did you mean 'tiny_gpt_config'" in err, err
-
-
-def test_bridges_own_recipe_package(dry_run):
-    """``--recipe NAME`` imports ``megatron.bridge.recipes``, which imports every model family's
-    recipes and what they need at module level (0.3-0.6: megatron-energon for Qwen-VL; 0.6 also
-    diffusers). Where one is absent (this host) that is one line naming it and its install; where
-    all are present, a real recipe's dry run."""
-    rc, out, err = dry_run(
-        "--recipe", "llama3_8b_pretrain_config", "--config-file", "llama3_8b_mxfp8_pretrain"
-    )
-    if rc == 2:
-        errors = [ln for ln in err.splitlines() if ln.startswith("error: ")]
-        assert len(errors) == 1 and "Traceback" not in err, err
-        assert (
-            errors[0].startswith("error: --recipe llama3_8b_pretrain_config: ") and "is not installed" in err
-        )
-        if importlib.util.find_spec("megatron.energon") is None:
-            assert "megatron-energon is not installed" in err and "pip install megatron-energon" in err, err
-    else:
-        assert rc in (0, 1) and "plugin options (mxfp8_plugin):" in out, out + err
 
 
 # --------------------------------------------------------------------------- Transformer Engine

@@ -8,7 +8,10 @@ framework, so a release that changes a framework changes one module:
 * megatron-core, faked (unit tier only): ``fake_core``;
 * Transformer Engine, stubbed where Bridge and core import it unguarded: ``te_stub``;
 * Megatron-Bridge's loop, replayed on the toy model (every release's order, and a loop that stages
-  as 0.6 does): ``bridge_loop``; its real ``pretrain()``: ``bridge_real/``;
+  as 0.6 does): ``bridge_loop``, with its pieces ``bridge_orders`` (the releases), ``bridge_state``
+  (schedule, state, run record), ``bridge_callbacks`` (Bridge's callbacks, the call record),
+  ``bridge_steps`` (``train.py``'s helpers, step and eval), ``bridge_saves`` and ``bridge_staging``
+  (the loop API in a loop that stages); its real ``pretrain()``: ``bridge_real/``;
 * what both real frameworks need to run on CPU (CUDA asserts, RNG, fused kernels, the torch-Adam
   checkpoint path, the reuse mode's knobs): ``bridge_cpu``;
 * Lightning's loop, replayed (with NeMo's order): ``lightning_loop``; NeMo 2's real stack: ``nemo``.
@@ -16,6 +19,7 @@ framework, so a release that changes a framework changes one module:
 Built on those: the end-to-end scenario runner (``scenarios``), the robustness/misuse case runner
 (``robust``), interrupt-and-resume (``resume_loop``), a LayerWise optimizer beside DDP
 (``owners``), the ready callback of Megatron-LM main (``ready``), the OCP-rule MXFP8 emulation
-(``ocp_mxfp8``), the config rule cases (``mx_cases``) and the run record every loop fills
-(``weights``).
+(``ocp_mxfp8``), the config rule cases (``mx_cases``), ``check`` and the console script run for
+the unit tests (``check_io``, ``console``), the verifier's rank cases (``verify_cases`` on
+``verify_loop``) and the run record every loop fills (``weights``).
 """

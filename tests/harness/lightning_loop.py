@@ -43,6 +43,8 @@ import torch
 from mbridge_mxfp8_plugin.testing.megatron_lm_loop import dp_mean
 from mbridge_mxfp8_plugin.testing.toy import Job, ToyConfig, make_batches
 
+from .bridge_steps import _handle_mxfp8_param_buffer_copy
+
 __all__ = [
     "ORDERS",
     "RECORDED_HOOKS",
@@ -185,63 +187,101 @@ class LightningRun:
     events: list[str] = field(default_factory=list)
 
 
-def _build_classes() -> dict[str, Any]:
-    """Lightning-dependent classes, built on first use so importing this module needs no Lightning."""
+class McoreOptimizerWrapper(torch.optim.Optimizer):
+    """Like NeMo's ``McoreDistributedOptimizer``: a torch Optimizer face for Lightning."""
+
+    def __init__(self, optim: Any) -> None:  # no super().__init__: it needs params
+        self.defaults: dict[str, Any] = {}
+        self.mcore_optimizer = optim
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.mcore_optimizer.zero_grad(set_to_none)
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = closure() if closure is not None else None
+        self.mcore_optimizer.step()
+        return loss
+
+    @property  # type: ignore[override]
+    def state(self) -> dict[Any, Any]:
+        return {}
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        pass
+
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        return list(self.mcore_optimizer.param_groups)
+
+    @param_groups.setter
+    def param_groups(self, value: Any) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+class ChunkWrapper(torch.nn.Module):
+    """NeMo wraps each DDP chunk once more (``Float16Module.module`` is the DDP chunk)."""
+
+    def __init__(self, ddp: Any) -> None:
+        super().__init__()
+        self.module = ddp
+
+    def forward(self, *args: Any) -> Any:
+        return self.module(*args)
+
+
+class MegatronParallelLike(torch.nn.ModuleList):
+    """A list-like container of chunks, as NeMo's ``MegatronParallel`` is."""
+
+
+class _EvalSteps:
+    """The validation and test side of the toy module (and the NeMo event it fires in every step),
+    mixed into the Lightning module :func:`_toy_module_class` builds."""
+
+    def _fire_nemo(self, name: str, step: Any) -> None:
+        trainer: Any = self.trainer
+        for cb in trainer.callbacks:  # CallbackConnector: every callback with the method
+            method = getattr(cb, name, None)
+            if callable(method):
+                method(step=step)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self.order.nemo_events:
+            self._fire_nemo("on_megatron_microbatches_start", _Step(forward_only=True))
+        x, y = batch
+        self._val.append(self.megatron_parallel[0](x, y).detach())
+
+    def on_validation_epoch_end(self) -> None:
+        loss = dp_mean(torch.stack(self._val).mean())
+        self._val = []
+        self.record.val_losses.append(
+            (int(self.trainer.global_step), bool(self.trainer.sanity_checking), loss)
+        )
+
+    test_step = validation_step  # the same forward; the epoch-end hooks keep the two apart
+
+    def on_test_epoch_end(self) -> None:
+        self.record.test_loss = dp_mean(torch.stack(self._val).mean())
+        self._val = []
+
+    def on_validation_end(self) -> None:
+        # Runs after every callback's on_validation_end: Bridge re-enables here.
+        if self.order.toggle_hooks_around_validation and self.toggle:
+            for chunk in self.job.model:
+                chunk.enable_forward_pre_hook()
+
+
+def _nemo_like_classes() -> tuple[type, type, type]:
+    """NeMo's strategy and checkpoint callback, and Bridge's eval bracket, on Lightning's classes."""
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.strategies import SingleDeviceStrategy
-
-    from .bridge_loop import _handle_mxfp8_param_buffer_copy
-
-    class McoreOptimizerWrapper(torch.optim.Optimizer):
-        """Like NeMo's ``McoreDistributedOptimizer``: a torch Optimizer face for Lightning."""
-
-        def __init__(self, optim: Any) -> None:  # no super().__init__: it needs params
-            self.defaults: dict[str, Any] = {}
-            self.mcore_optimizer = optim
-
-        def zero_grad(self, set_to_none: bool = True) -> None:
-            self.mcore_optimizer.zero_grad(set_to_none)
-
-        def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-            loss = closure() if closure is not None else None
-            self.mcore_optimizer.step()
-            return loss
-
-        @property  # type: ignore[override]
-        def state(self) -> dict[Any, Any]:
-            return {}
-
-        @state.setter
-        def state(self, value: Any) -> None:
-            pass
-
-        @property  # type: ignore[override]
-        def param_groups(self) -> list[dict[str, Any]]:
-            return list(self.mcore_optimizer.param_groups)
-
-        @param_groups.setter
-        def param_groups(self, value: Any) -> None:
-            pass
-
-        def state_dict(self) -> dict[str, Any]:
-            return {}
-
-        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-            pass
-
-    class ChunkWrapper(torch.nn.Module):
-        """NeMo wraps each DDP chunk once more (``Float16Module.module`` is the DDP chunk)."""
-
-        def __init__(self, ddp: Any) -> None:
-            super().__init__()
-            self.module = ddp
-
-        def forward(self, *args: Any) -> Any:
-            return self.module(*args)
-
-    class MegatronParallelLike(torch.nn.ModuleList):
-        """A list-like container of chunks, as NeMo's ``MegatronParallel`` is."""
 
     class NeMoLikeStrategy(SingleDeviceStrategy):
         """``save_checkpoint`` as NeMo's ``MegatronStrategy``: force a param sync, then read weights."""
@@ -282,7 +322,14 @@ def _build_classes() -> dict[str, Any]:
                 for chunk in pl_module.job.model:
                     chunk.disable_forward_pre_hook()  # forced all-gather
 
-    class ToyLightningModule(pl.LightningModule):
+    return NeMoLikeStrategy, NeMoLikeCheckpoint, HookToggle
+
+
+def _toy_module_class() -> type:
+    """The toy job as a ``LightningModule`` stepping megatron-core's DDP chunks and optimizer."""
+    import lightning.pytorch as pl
+
+    class ToyLightningModule(_EvalSteps, pl.LightningModule):
         def __init__(self, job: Job, order: LoopOrder, record: LightningRun, events: list[str]) -> None:
             super().__init__()
             self.automatic_optimization = False
@@ -304,13 +351,6 @@ def _build_classes() -> dict[str, Any]:
             if self.order.first_step_without_hooks and self.toggle:
                 for chunk in self.job.model:
                     chunk.disable_forward_pre_hook(param_sync=False)
-
-        def _fire_nemo(self, name: str, step: Any) -> None:
-            trainer: Any = self.trainer
-            for cb in trainer.callbacks:  # CallbackConnector: every callback with the method
-                method = getattr(cb, name, None)
-                if callable(method):
-                    method(step=step)
 
         def training_step(self, batch: Any, batch_idx: int) -> None:
             job = self.job
@@ -339,36 +379,17 @@ def _build_classes() -> dict[str, Any]:
                     chunk.enable_forward_pre_hook()
             self._first = False
 
-        def validation_step(self, batch: Any, batch_idx: int) -> None:
-            if self.order.nemo_events:
-                self._fire_nemo("on_megatron_microbatches_start", _Step(forward_only=True))
-            x, y = batch
-            self._val.append(self.megatron_parallel[0](x, y).detach())
+    return ToyLightningModule
 
-        def on_validation_epoch_end(self) -> None:
-            loss = dp_mean(torch.stack(self._val).mean())
-            self._val = []
-            self.record.val_losses.append(
-                (int(self.trainer.global_step), bool(self.trainer.sanity_checking), loss)
-            )
 
-        test_step = validation_step  # the same forward; the epoch-end hooks keep the two apart
-
-        def on_test_epoch_end(self) -> None:
-            self.record.test_loss = dp_mean(torch.stack(self._val).mean())
-            self._val = []
-
-        def on_validation_end(self) -> None:
-            # Runs after every callback's on_validation_end: Bridge re-enables here.
-            if self.order.toggle_hooks_around_validation and self.toggle:
-                for chunk in self.job.model:
-                    chunk.enable_forward_pre_hook()
-
+def _build_classes() -> dict[str, Any]:
+    """Lightning-dependent classes, built on first use so importing this module needs no Lightning."""
+    strategy, checkpoint, hook_toggle = _nemo_like_classes()
     return {
-        "ToyLightningModule": ToyLightningModule,
-        "NeMoLikeStrategy": NeMoLikeStrategy,
-        "HookToggle": HookToggle,
-        "NeMoLikeCheckpoint": NeMoLikeCheckpoint,
+        "ToyLightningModule": _toy_module_class(),
+        "NeMoLikeStrategy": strategy,
+        "HookToggle": hook_toggle,
+        "NeMoLikeCheckpoint": checkpoint,
     }
 
 

@@ -1,4 +1,4 @@
-"""Shared by test_validate.py and test_check_cli.py: one violating config per rule, twice over.
+"""Shared by test_validate.py and test_check.py: one violating config per rule, twice over.
 
 Each case breaks exactly one thing in a known-good config: as Hydra-style overrides on the
 shipped tiny recipe (the YAML path) and as a mutation of real megatron-core config dataclasses

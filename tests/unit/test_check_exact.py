@@ -8,40 +8,20 @@ megatron-core sources (the tests needing them skip without Bridge).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-from harness.mx_cases import DEFECTIVE, ROOT
+from harness.check_io import EXACT as DATA
+from harness.check_io import lines as _lines
+from harness.check_io import needs_bridge
+from harness.check_io import rule as _rule
+from harness.check_io import run as _run
+from harness.mx_cases import ROOT
 
-from mbridge_mxfp8_plugin.commands.check import run_check
-from mbridge_mxfp8_plugin.errors import MXFP8ConfigError
-from mbridge_mxfp8_plugin.options import PluginOptions
-from mbridge_mxfp8_plugin.probes.fields import container_sections
 from mbridge_mxfp8_plugin.probes.recipe_source import find_recipe
-
-DATA = ROOT / "tests" / "data" / "check_exact"
-needs_bridge = pytest.mark.skipif(container_sections() is None, reason="no Megatron-Bridge installed to read")
-
-
-def _run(recipe, overrides=(), **kw):
-    out, err = io.StringIO(), io.StringIO()
-    kw.setdefault("installed", DEFECTIVE)
-    code = run_check(str(recipe), list(overrides), out=out, err=err, **kw)
-    return code, out.getvalue(), err.getvalue()
-
-
-def _rule(recipe, rule, overrides=(), **kw):
-    code, out, _ = _run(recipe, overrides, as_json=True, **kw)
-    (result,) = [r for r in json.loads(out)["rules"] if r["id"] == rule]
-    return code, result
-
-
-def _lines(out: str, prefix: str) -> list[str]:
-    return [ln for ln in out.splitlines() if ln.startswith(prefix)]
 
 
 # --------------------------------------------------------------------------- unknown is not wrong
@@ -81,60 +61,6 @@ def test_a_known_class_makes_the_same_key_an_error():
     # A fixed section (train) is an error without any _target_.
     code, out, _ = _run(DATA / "own_provider.yaml", ["+train.train_iter=3"])
     assert code == 1 and "did you mean 'train_iters'" in _lines(out, "error MX101")[0]
-
-
-# --------------------------------------------------------------------------- types and values
-SEEDED = [
-    ("train.train_iters=ten", "train.train_iters", "an integer"),
-    ("train.skip_train=yes", "train.skip_train", "a boolean"),
-    ("checkpoint.save_interval=abc", "checkpoint.save_interval", "an integer"),
-    ("mixed_precision.fp8_recipe=mxfp9", "mixed_precision.fp8_recipe", "did you mean 'mxfp8'"),
-    ("mxfp8_plugin.verify_sample=2.0", "mxfp8_plugin.verify_sample", "a number in (0, 1]"),
-    ("+model.attention_backend=flsh", "model.attention_backend", "did you mean 'flash'"),
-]
-
-
-@needs_bridge
-@pytest.mark.parametrize(("override", "knob", "expected"), SEEDED, ids=[s[1] for s in SEEDED])
-def test_seeded_type_and_value_errors_are_one_clear_line(override, knob, expected):
-    clean = _run(DATA / "mp_mapping.yaml")
-    assert clean[0] == 0, clean[1]
-    code, out, err = _run(DATA / "mp_mapping.yaml", [override])
-    assert code == 1, out
-    (line,) = _lines(out, "error ")
-    value = override.split("=", 1)[1]
-    assert line.startswith(f"error MX102 {knob}:") and expected in line, line
-    assert f"got {value}" in line.replace("'", ""), line
-    assert err.count("\n") == 1 and knob in err
-    code, result = _rule(DATA / "mp_mapping.yaml", "MX102", [override])
-    assert code == 1 and result["status"] == "fail"
-    assert [f["knob"] for f in result["findings"]] == [knob] and expected in result["findings"][0]["message"]
-
-
-@needs_bridge
-def test_values_the_annotations_allow_pass():
-    ok = ["train.train_iters=10", "train.skip_train=true", "+model.attention_backend=flash"]
-    ok += ["mixed_precision.fp8_recipe=delayed", "mxfp8_plugin.verify_sample=1.0"]
-    code, out, _ = _run(DATA / "mp_mapping.yaml", ok)
-    assert code == 0 and not _lines(out, "error"), out
-
-
-def test_one_validator_for_every_entry_point():
-    """The same value is refused, with the same words, from Python, a mapping and a recipe file."""
-    from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
-
-    want = "mxfp8_plugin.strict must be a boolean (true/false), got 'no' (str)"
-    with pytest.raises(MXFP8ConfigError) as py:
-        PluginOptions(strict="no")  # type: ignore[arg-type]
-    with pytest.raises(MXFP8ConfigError) as cb:
-        MXFP8ParamSyncCallback(strict="no")
-    with pytest.raises(MXFP8ConfigError) as mapping:
-        PluginOptions.from_mapping({"strict": "no"})
-    assert str(py.value) == str(cb.value) == str(mapping.value) == want
-    code, out, _ = _run(DATA / "mp_mapping.yaml", ["mxfp8_plugin.strict='no'"])
-    assert code == 1 and want in _lines(out, "error MX102")[0]
-    with pytest.raises(MXFP8ConfigError, match=r"verify_sample must be a number in \(0, 1\], got 2.0"):
-        PluginOptions(verify_sample=2.0)
 
 
 # ------------------------------------------------------------------ hazards from what the job implies
@@ -193,14 +119,6 @@ def test_a_pass_vouches_only_for_what_was_checked():
     assert code == 1 and "unchecked MX" in err
 
 
-def test_mx103_does_not_pass_a_name_it_could_not_look_up(monkeypatch):
-    import mbridge_mxfp8_plugin.config.sections as sections
-
-    monkeypatch.setattr(sections, "bridge_facts", lambda: None)
-    code, result = _rule(DATA / "moe_reuse_no_overlap.yaml", "MX103")
-    assert result["status"] == "n/a" and "not looked up" in result["note"], result
-
-
 # ------------------------------------------------------------------ malformed input, renamed sections
 @pytest.mark.parametrize("override", ["=", "=5", "a..b=1", "train.train_iters"])
 def test_a_malformed_override_is_exit_2_in_one_line(override):
@@ -225,18 +143,3 @@ def test_a_malformed_override_is_exit_2_in_one_line(override):
     assert "is not an override" in proc.stderr
     code, _, err = _run(DATA / "mp_mapping.yaml", [override])  # the library entry point agrees
     assert code == 2 and "is not an override" in err
-
-
-def test_every_renamed_config_section_gets_the_same_advice():
-    code, out, _ = _run(DATA / "renamed_sections.yaml")
-    assert code == 1
-    lines = _lines(out, "error MX101")
-    assert len(lines) == 3
-    for old, new in (
-        ("model_config", "model"),
-        ("train_config", "train"),
-        ("checkpoint_config", "checkpoint"),
-    ):
-        (line,) = [ln for ln in lines if f" {old}:" in ln]
-        assert f"Rename it to {new}" in line and "'_config' suffix" in line, line
-    assert "# rename section model_config: to model:" in out

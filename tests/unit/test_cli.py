@@ -8,37 +8,13 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from harness.console import COULD_NOT_RUN, TINY
+from harness.console import cli as _cli
+from harness.console import one_line_failure as _one_line_failure
+from harness.mx_cases import ROOT
 from packaging.version import Version
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = "recipes/tiny_debug_mxfp8.yaml"
-COULD_NOT_RUN = 2
-
-
-def _cli(*args: str, isolated: bool = False, **kw: object) -> subprocess.CompletedProcess[str]:
-    """``python -m mbridge_mxfp8_plugin.commands.cli ARGS`` from the checkout. ``isolated``: without
-    site-packages (``-S``), i.e. on a machine where torch, megatron-core, omegaconf are not installed."""
-    env = {**os.environ, "NO_VCS_VERSION": "1", "PYTHONWARNINGS": "ignore"}
-    env.pop("MXFP8_PLUGIN_TRACEBACK", None)
-    if isolated:
-        env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, *(["-S"] if isolated else []), "-m", "mbridge_mxfp8_plugin.commands.cli", *args]
-    kw.setdefault("capture_output", True)
-    return subprocess.run(cmd, text=True, cwd=ROOT, env=env, timeout=300, **kw)  # type: ignore[call-overload]
-
-
-def _one_line_failure(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
-    out = (proc.stdout or "") + proc.stderr
-    assert "Traceback" not in out, out
-    assert proc.returncode == code, out
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def test_version():
@@ -47,20 +23,6 @@ def test_version():
     name, version = proc.stdout.strip().split(" ")
     assert name == "mxfp8-plugin"
     Version(version)  # PEP 440; test_install checks it equals the built wheel's METADATA
-
-
-@pytest.mark.parametrize(
-    ("flag", "value", "fix"),
-    [
-        ("--eval-interval", "0", "--eval-interval 3"),
-        ("--world-size", "0", "--world-size 2"),
-        ("--train-iters", "-1", "--train-iters 9"),
-        ("--world-size", "two", "--world-size 2"),
-    ],
-)
-def test_demo_rejects_bad_counts_before_starting(flag: str, value: str, fix: str):
-    line = _one_line_failure(_cli("demo", flag, value), COULD_NOT_RUN, flag, value, fix)
-    assert line.startswith("mxfp8-plugin demo: error:")
 
 
 def test_demo_needs_an_eval_with_a_step_after_it():
@@ -98,13 +60,6 @@ def test_check_takes_overrides_after_options():
     assert (after.returncode, after.stdout, after.stderr) == (before.returncode, before.stdout, before.stderr)
 
 
-def test_check_finds_a_shipped_recipe_by_name():
-    by_name = _cli("check", "tiny_debug_mxfp8", "--json")
-    by_path = _cli("check", TINY, "--json")
-    assert by_name.returncode == by_path.returncode == 0, by_name.stdout + by_name.stderr
-    assert by_name.stdout.replace("tiny_debug_mxfp8", TINY, 1) == by_path.stdout
-
-
 def test_doctor_survives_a_closed_pipe():
     """``doctor --json | head -1``, and the harder case: the reader is gone before the first write."""
     piped = subprocess.run(
@@ -131,11 +86,6 @@ def test_doctor_without_megatron_core_could_not_run():
     proc = _cli("doctor", "--json", isolated=True)
     _one_line_failure(proc, COULD_NOT_RUN, "megatron-core")
     assert '"error"' in proc.stdout
-
-
-def test_missing_dependencies_are_one_line():
-    _one_line_failure(_cli("demo", isolated=True), COULD_NOT_RUN, "'torch'", "pip install torch")
-    _one_line_failure(_cli("check", TINY, isolated=True), COULD_NOT_RUN, "omegaconf")
 
 
 _REST = re.compile(r":[a-z]+:`|``")

@@ -1,10 +1,10 @@
 """``check`` reads a recipe as Megatron-Bridge does: one test per class of input that the
 PyYAML reader got wrong (numbers, ``_target_`` sections, converted values, interpolations,
-silently wrong files, hostile files, messages), each on a file of ``tests/data``."""
+silently wrong files, hostile files), each on a file of ``tests/data``. The rules' messages on such
+files: tests/unit/test_combination.py; a missing reader: tests/unit/test_missing.py."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -13,30 +13,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
-from harness.mx_cases import DEFECTIVE, ROOT
+from harness.check_io import DATA
+from harness.check_io import run as _run
+from harness.check_io import run_json as _json
+from harness.check_io import status as _status
+from harness.mx_cases import ROOT
 
-from mbridge_mxfp8_plugin.commands.check import run_check
 from mbridge_mxfp8_plugin.config.read import MAX_BYTES, read_recipe_file
 from mbridge_mxfp8_plugin.probes import bridge_facts as installed
-
-DATA = ROOT / "tests" / "data"
-
-
-def _run(recipe, overrides=(), **kw):
-    out, err = io.StringIO(), io.StringIO()
-    kw.setdefault("installed", DEFECTIVE)
-    code = run_check(str(recipe), list(overrides), out=out, err=err, **kw)
-    return code, out.getvalue(), err.getvalue()
-
-
-def _json(recipe, overrides=(), **kw):
-    code, out, _ = _run(recipe, overrides, as_json=True, **kw)
-    return code, json.loads(out)
-
-
-def _status(report: dict) -> dict[str, str]:
-    return {r["id"]: r["status"] for r in report["rules"]}
 
 
 # --------------------------------------------------------------------------- numbers
@@ -80,13 +64,6 @@ def test_target_recipe_function_with_arguments_is_an_error(tmp_path):
     assert code == 1 and "error MX101 mixed_precision.fp8_param_gather" in out
 
 
-def test_unknown_target_recipe_name_is_mx103(tmp_path):
-    path = tmp_path / "r.yaml"
-    path.write_text("mixed_precision:\n  _target_: megatron.bridge.training.mixed_precision.bf16_mxfp8\n")
-    code, out, _ = _run(path)
-    assert code == 1 and "error MX103 mixed_precision._target_" in out and "bf16_with_mxfp8_mixed" in out
-
-
 # --------------------------------------------------------------------------- converted values
 def test_dtype_names_are_judged_by_the_installed_bridge():
     facts = installed.bridge_facts()
@@ -95,19 +72,6 @@ def test_dtype_names_are_judged_by_the_installed_bridge():
     assert (code == 0) == bridge_converts_bf16, report
     if facts is None:
         assert any("not checked" in s or "not installed" in s for s in report["skipped"])
-
-
-def test_bridge_06_dtype_map_is_read_from_its_file(tmp_path):
-    """Bridge >= 0.4 converts through ``str_to_dtype``: its DTYPE_MAP (here a file of ours in the
-    same shape) decides, ``torch.`` aliases included; without the file, torch attribute names."""
-    f = tmp_path / "activation_map.py"
-    f.write_text(
-        'import torch\nDTYPE_MAP: dict = {"bf16": torch.bfloat16, "fp32": torch.float32, "16-mixed": 1}\n'
-    )
-    names = installed._bridge_dtype_names(f)
-    assert {"bf16", "torch.bf16", "fp32", "16-mixed"} <= names and "torch.16-mixed" not in names
-    assert "bfloat16" not in names, "str_to_dtype takes no torch name DTYPE_MAP does not list"
-    assert "bfloat16" in installed._bridge_dtype_names(tmp_path / "absent.py")
 
 
 def test_recipe_names_come_from_the_installed_registry(tmp_path):
@@ -223,58 +187,8 @@ def test_anchor_bomb_is_refused_within_2s_and_200mb(name):
     assert result["s"] < 2.0 and result["peak_mb"] < 200, result
 
 
-# --------------------------------------------------------------------------- messages
-def test_mx004_fix_clears_the_finding(tmp_path):
-    code, report = _json(DATA / "fsdp_in_dist.yaml")
-    (finding,) = [f for r in report["rules"] for f in r["findings"] if r["id"] == "MX004"]
-    fix = yaml.safe_load(finding["fix"])
-    data = yaml.safe_load((DATA / "fsdp_in_dist.yaml").read_text())
-    for section, knobs in fix.items():
-        data.setdefault(section, {}).update(knobs)
-    fixed = tmp_path / "fixed.yaml"
-    fixed.write_text(yaml.safe_dump(data))
-    code, report = _json(fixed)
-    assert _status(report)["MX004"] == "pass", report
-
-
-def test_stated_false_is_not_called_unset():
-    code, report = _json(DATA / "comm_overlap_stated_false.yaml")
-    (finding,) = [f for r in report["rules"] for f in r["findings"] if r["id"] == "MX013"]
-    assert "ddp.overlap_param_gather is stated false, but comm_overlap overwrites it" in finding["message"]
-    assert "not set" not in finding["message"]
-    assert _status(report)["MX006"] == "n/a"  # unknown: neither "off" nor a pass
-    code, report = _json(DATA / "comm_overlap_stated_false.yaml", dp_size=8)
-    assert _status(report)["MX013"] == "pass"  # with the dp size, comm_overlap's default is known
-
-
-def test_mx006_says_stated_false_when_it_is(tmp_path):
-    path = tmp_path / "r.yaml"
-    path.write_text("ddp:\n  overlap_param_gather: false\n")
-    _, report = _json(path)
-    (mx006,) = [r for r in report["rules"] if r["id"] == "MX006"]
-    assert mx006["status"] == "pass" and mx006["note"] == "overlap_param_gather stated false"
-    path.write_text("ddp:\n  use_distributed_optimizer: true\n")
-    _, report = _json(path)
-    (mx006,) = [r for r in report["rules"] if r["id"] == "MX006"]
-    assert mx006["status"] == "n/a" and "not set in this recipe" in mx006["note"]
-
-
 def test_data_files_exist():
     assert len(list(Path(DATA).glob("*.yaml"))) >= 15
-
-
-@pytest.mark.parametrize("blocked, overrides", [("omegaconf", []), ("hydra", ["ddp.bucket_size=4e7"])])
-def test_missing_reader_is_one_line_naming_the_fix(blocked, overrides):
-    script = (
-        f"import sys; sys.modules[{blocked!r}] = None\n"
-        "from mbridge_mxfp8_plugin.commands.cli import main\n"
-        f"sys.exit(main(['check', 'recipes/tiny_debug_mxfp8.yaml', *{overrides!r}]))\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.count("\n") == 1 and f"({blocked} is not importable): pip install" in proc.stderr
 
 
 def test_without_bridge_the_report_says_what_was_not_checked(monkeypatch):

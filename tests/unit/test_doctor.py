@@ -1,4 +1,5 @@
-"""``mxfp8-plugin doctor`` against docs/compatibility.md's row for the installed release pair."""
+"""``mxfp8-plugin doctor`` against docs/compatibility.md's row for the installed release pair. The defect
+table it renders, decided from the probes: tests/unit/test_defects.py."""
 
 from __future__ import annotations
 
@@ -89,46 +90,6 @@ def test_doctor_imports_neither_torch_nor_megatron() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def _core_files(*, a: bool, b1: bool, c: bool) -> object:
-    from mbridge_mxfp8_plugin.probes import CoreBehaviour
-
-    return CoreBehaviour(
-        pads_bucket_offsets=a,
-        forced_sync_writes_back=b1,
-        has_dispatch_reset=c,
-        has_prepare_for_param_sync=c,
-        has_reuse_knob=True,
-    )
-
-
-@pytest.mark.parametrize(
-    ("fixed", "loop", "present"),
-    [
-        # docs/upstream.md: core 0.16.1 + Bridge 0.3/0.4 (no staging): everything.
-        ((False, False, False), (False, False), {"A", "B1", "B2", "C", "E"}),
-        # core 0.18.2 + Bridge 0.5.1: stages before evals only -> saves still gather gradients (B2).
-        ((True, True, False), (True, False), {"B2", "C", "E"}),
-        # core 0.19.2 + Bridge 0.6.2: fixed upstream; only the eval-only case remains.
-        ((True, True, True), (True, True), {"E"}),
-        # no Bridge installed: any hand-written loop is assumed not to stage.
-        ((True, True, True), None, {"B2", "E"}),
-    ],
-)
-def test_defects_present_is_decided_in_one_place(fixed, loop, present) -> None:
-    from types import SimpleNamespace
-
-    from mbridge_mxfp8_plugin.probes.defects import DEFECTS, defects_present
-
-    staging = (
-        None
-        if loop is None
-        else SimpleNamespace(stages_before_eval=loop[0], stages_before_every_forced_sync=loop[1])
-    )
-    got = defects_present(_core_files(a=fixed[0], b1=fixed[1], c=fixed[2]), staging)
-    assert list(got) == list(DEFECTS)
-    assert {d for d, p in got.items() if p} == present
 
 
 def test_no_megatron_core_reports_the_core_defects_unknown(monkeypatch) -> None:
@@ -235,24 +196,6 @@ def test_doctor_on_nemo_speech_says_there_is_no_llm_stack(monkeypatch) -> None:
     assert "nemo_toolkit 3.0.0: NeMo Speech, no NeMo 2 LLM stack" in text
     assert "NeMo 2.7 is the last NeMo with the LLM stack" in text
     assert "in NeMo 2:" not in text and "NeMo 2 loop" not in text
-
-
-@pytest.mark.parametrize(
-    ("keeps_prehooks", "loader_rederives", "present"),
-    [
-        (False, False, True),  # Bridge <= 0.5 / Megatron-LM core_v0.19: pre-hooks off after a load
-        (True, False, False),  # Bridge >= 0.6 (#5066): the first step stages and gathers the main params
-        (None, True, False),  # Megatron-LM main (#6666): the loader re-derives after a load
-        (None, False, True),  # no Bridge, no re-deriving loader: a hand-written loop is assumed not to
-    ],
-)
-def test_f_is_decided_from_the_resume_probe(keeps_prehooks, loader_rederives, present) -> None:
-    from mbridge_mxfp8_plugin.probes.defects import defects_present
-    from mbridge_mxfp8_plugin.probes.resume import ResumeBehaviour
-
-    resume = ResumeBehaviour(keeps_prehooks_on_mxfp8_resume=keeps_prehooks, loader_rederives=loader_rederives)
-    assert defects_present(None, None, resume)["F"] is present
-    assert defects_present(None, None)["F"] is None  # not probed: unknown, never "fixed"
 
 
 def test_doctor_reads_the_resume_side(monkeypatch) -> None:

@@ -2,8 +2,9 @@
 
 Arguments, the YAML, the ``mxfp8_plugin`` section and ``check``'s input rules are read first, in
 this process, without importing Bridge; where Bridge itself is absent the launcher says so in
-one line. The real job (Bridge's ``pretrain()``, ``--dry-run`` on Bridge's recipe flow, a broken
-Transformer Engine) is tests/bridge_real/test_launch.py.
+one line. The real job (Bridge's ``pretrain()``, a broken Transformer Engine) is
+tests/bridge_real/test_launch.py, ``--dry-run`` on Bridge's recipe flow
+tests/bridge_real/test_launch_report.py, and the exit status of a refusal tests/unit/test_exit_codes.py.
 """
 
 from __future__ import annotations
@@ -211,28 +212,3 @@ def test_load_recipe_takes_bridge_argv(tmp_path):
     assert data["train"]["train_iters"] == 3
     with pytest.raises(RecipeError, match="--recipe"):
         load_recipe(RECIPE, ["--recipe", "llama3_8b_pretrain_config"])
-
-
-# --------------------------------------------------------------------------- one exit-code table
-def test_a_strict_refusal_exits_1_in_a_real_run_as_in_the_dry_run_and_check(monkeypatch, capsys):
-    """The same refusal reads the same from every judge. The real run's refusal is the train-start
-    check the callback runs at ``on_train_start`` (``validate_config(..., strict=True)``), raised
-    here from inside ``Launch.run`` on the file's config, where Bridge's ``pretrain()`` would raise it."""
-    from mbridge_mxfp8_plugin import validate_config
-    from mbridge_mxfp8_plugin.commands import launch as launch_module
-    from mbridge_mxfp8_plugin.commands.check import run_check
-
-    override = "ddp.overlap_grad_reduce=false"  # MX006: an error on every release
-    config, _ = load_recipe(RECIPE, [override])
-
-    class RefusedAtTrainStart:
-        dry_run = False
-
-        def run(self, callbacks: object) -> None:
-            validate_config(config, strict=True)
-
-    monkeypatch.setattr(launch_module, "prepare", lambda argv: RefusedAtTrainStart())
-    rc = main(["--recipe", "any:fn", "--config-file", str(RECIPE), override])
-    err = capsys.readouterr().err
-    assert rc == 1 and "error: " in err and "overlap_grad_reduce" in err, (rc, err)
-    assert run_check(str(RECIPE), [override]) == 1

@@ -1,13 +1,10 @@
-"""recipes.py: loading, overrides, callbacks (applying onto a ConfigContainer needs Bridge's own
-omegaconf_utils: tests/bridge_real/test_apply_recipe.py); and the hard-coded Bridge facts in
-probes/bridge_facts.py checked against the installed Bridge wheel."""
+"""adapters/recipes.py: loading, overrides, callbacks (applying onto a ConfigContainer needs Bridge's
+own omegaconf_utils: tests/bridge_real/test_apply_recipe.py). The hard-coded Bridge facts checked
+against the installed Bridge wheel: tests/unit/test_bridge_facts.py."""
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 import re
-from pathlib import Path
 
 import pytest
 from harness.mx_cases import RECIPES, TINY
@@ -20,11 +17,7 @@ from mbridge_mxfp8_plugin.adapters.recipes import (
     load_recipe,
     read_recipe,
 )
-from mbridge_mxfp8_plugin.errors import MXFP8ConfigError
 from mbridge_mxfp8_plugin.probes.bridge_facts import (
-    CONFIG_SECTIONS,
-    MIXED_PRECISION_FIELDS,
-    MIXED_PRECISION_RECIPES,
     PLUGIN_SECTION,
 )
 
@@ -102,13 +95,6 @@ def test_interpolations_resolve_in_the_file_and_refuse_the_base(tmp_path):
         read_recipe(path)
 
 
-def test_plugin_options_are_strict():
-    with pytest.raises(MXFP8ConfigError, match="prestge.*did you mean 'prestage'"):
-        PluginOptions.from_mapping({"prestge": False})
-    with pytest.raises(MXFP8ConfigError, match="enabled must be a boolean"):
-        PluginOptions.from_mapping({"enabled": "false"})
-
-
 def test_callbacks_from_recipe():
     (cb,) = callbacks_from_recipe(
         TINY,
@@ -123,91 +109,3 @@ def test_callbacks_from_recipe():
     assert (opts.prestage, opts.repair_alignment, opts.refresh_at_train_end) == (False, True, True)
     assert (opts.guard_exit_saves, opts.validate) == (False, False), "YAML reaches every callback option"
     assert callbacks_from_recipe(PluginOptions(enabled=False)) == []
-
-
-def test_one_options_type_for_every_entry_point():
-    """PluginOptions is the schema of the YAML section and the callbacks' options; keywords
-    still work and win over ``options``."""
-
-    from mbridge_mxfp8_plugin.options import option_types as plugin_fields
-
-    names = {f.name for f in dataclasses.fields(PluginOptions)}
-    assert set(plugin_fields()) == names
-    cb = MXFP8ParamSyncCallback(PluginOptions(prestage=False, strict=False), strict=True)
-    assert (cb.options.prestage, cb.options.strict) == (False, True)
-    assert MXFP8ParamSyncCallback(guard_exit_saves=False).options.guard_exit_saves is False
-
-
-def test_tiny_recipe_matches_the_cpu_demo_toy():
-    from harness.bridge_loop import LoopSchedule
-
-    from mbridge_mxfp8_plugin.testing.toy import ToyConfig
-
-    bridge, options = load_recipe(TINY)
-    toy, sched = ToyConfig(), LoopSchedule()
-    ddp, opt = bridge["ddp"], bridge["optimizer"]
-    assert (ddp["overlap_param_gather"], ddp["overlap_grad_reduce"]) == (
-        toy.overlap_param_gather,
-        toy.overlap_grad_reduce,
-    )
-    assert (ddp["grad_reduce_in_fp32"], ddp["align_param_gather"]) == (
-        toy.grad_reduce_in_fp32,
-        toy.align_param_gather,
-    )
-    assert ddp["bucket_size"] == toy.bucket_size and opt["lr"] == toy.lr
-    assert (
-        bridge["model"]["hidden_size"] == toy.dims[1]
-        and bridge["train"]["micro_batch_size"] == toy.micro_batch_size
-    )
-    t = bridge["train"]
-    assert (t["train_iters"], t["eval_interval"], t["eval_iters"]) == (
-        sched.train_iters,
-        sched.eval_interval,
-        sched.eval_iters,
-    )
-    assert options.dp_size == 2  # the demo's world size
-
-
-# --------------------------------------------------------------------------- _schema vs the installed Bridge
-def _bridge_source(relative: str) -> ast.Module:
-    from harness.bridge_loop import find_bridge_file
-
-    try:
-        path: Path = find_bridge_file(relative)
-    except FileNotFoundError:
-        pytest.skip("megatron-bridge wheel not installed")
-    return ast.parse(path.read_text())
-
-
-def _class_fields(tree: ast.Module, name: str) -> set[str]:
-    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
-    return {s.target.id for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
-
-
-def test_schema_knows_the_installed_bridge():
-    mp = _bridge_source("training/mixed_precision.py")
-    registered = {
-        n.name
-        for n in mp.body
-        if isinstance(n, ast.FunctionDef)
-        and any(getattr(d, "id", None) == "register" for d in n.decorator_list)
-    }
-    assert registered <= set(MIXED_PRECISION_RECIPES)
-    assert _class_fields(mp, "MixedPrecisionConfig") <= set(MIXED_PRECISION_FIELDS)
-    container = _class_fields(_bridge_source("training/config.py"), "ConfigContainer")
-    assert {f for f in container if not f.startswith("_")} <= CONFIG_SECTIONS
-
-
-def test_schema_mxfp8_recipe_values_match_bridge():
-    """The knob values we assume for each recipe, against the assignments in Bridge's source."""
-    mp = _bridge_source("training/mixed_precision.py")
-    funcs = {n.name: n for n in mp.body if isinstance(n, ast.FunctionDef)}
-    for name in ("bf16_with_mxfp8_mixed", "fp16_with_mxfp8_mixed", "bf16_with_fp8_subchannel_scaling_mixed"):
-        assigned = {
-            s.targets[0].attr: ast.literal_eval(s.value)
-            for s in funcs[name].body
-            if isinstance(s, ast.Assign) and isinstance(s.targets[0], ast.Attribute)
-        }
-        for knob, value in assigned.items():
-            if knob in MIXED_PRECISION_RECIPES[name]:
-                assert MIXED_PRECISION_RECIPES[name][knob] == value, (name, knob)

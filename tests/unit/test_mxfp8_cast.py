@@ -1,7 +1,8 @@
-"""The emulated MXFP8 tensor must behave the way megatron-core relies on, and quantize the way
-Transformer Engine's rowwise E4M3 cast does (see the module docstring).
+"""The MXFP8 cast (common/mxfp8_cast.py, which the emulated MXFP8 tensor quantizes with) quantizes the
+way Transformer Engine's rowwise E4M3 cast does (see the module docstring). The emulated tensor itself:
+tests/unit/test_emulated_mxfp8.py.
 
-The crafted cases carry values worked out by hand from TE's rule (as mbridge_mxfp8_plugin/mxfp8_cast.py
+The crafted cases carry values worked out by hand from TE's rule (as mbridge_mxfp8_plugin/common/mxfp8_cast.py
 states it), with the arithmetic in the comments; the random test compares against a scalar reference
 written from the same rule with exact arithmetic, not from the vectorised code under test.
 """
@@ -16,7 +17,6 @@ from fractions import Fraction
 import pytest
 import torch
 
-from mbridge_mxfp8_plugin.testing import emulated_mxfp8, make_mxfp8_param
 from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import mxfp8_cast, mxfp8_quantize
 
 FP32_MAX = struct.unpack("<f", struct.pack("<I", 0x7F7FFFFF))[0]  # (2 - 2**-23) * 2**127
@@ -222,34 +222,3 @@ def test_quantize_is_idempotent_and_exact_in_bf16():
     q = mxfp8_quantize(x)
     assert torch.equal(mxfp8_quantize(q), q)
     assert torch.equal(q.to(torch.bfloat16).float(), q)
-
-
-def test_param_writes_quantize_and_keep_high_precision_init():
-    init = torch.randn(5, 64)
-    p = make_mxfp8_param(init)
-    assert isinstance(p, torch.nn.Parameter) and p.is_leaf and p.dtype == torch.bfloat16
-    assert torch.equal(p.get_high_precision_init_val(), init.to(torch.bfloat16))
-    new = torch.randn(5, 64, dtype=torch.bfloat16)
-    p.data.copy_(new)
-    assert torch.equal(p.detach().float(), mxfp8_quantize(new))
-    p.clear_high_precision_init_val()
-    assert "_high_precision_init_val" not in p.__dict__
-
-
-def test_autograd_sees_a_leaf_with_a_plain_grad():
-    p = make_mxfp8_param(torch.randn(4, 32))
-    x = torch.randn(2, 32, dtype=torch.bfloat16)
-    torch.nn.functional.linear(x, p).float().sum().backward()
-    assert type(p.grad) is torch.Tensor and p.grad.shape == p.shape
-    acc = p.expand_as(p).grad_fn.next_functions[0][0]
-    assert type(acc).__name__ == "AccumulateGrad"
-
-
-def test_registration_is_recognised_by_megatron_core_and_reversible():
-    fp8_utils = pytest.importorskip("megatron.core.fp8_utils")
-    p = make_mxfp8_param(torch.randn(2, 32))
-    assert not fp8_utils.is_mxfp8tensor(p)
-    with emulated_mxfp8():
-        assert fp8_utils.is_float8tensor(p) and fp8_utils.is_mxfp8tensor(p)
-        assert not fp8_utils.is_float8tensor(torch.zeros(1))
-    assert not fp8_utils.is_float8tensor(p)

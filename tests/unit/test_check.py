@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-from harness.mx_cases import CASES, DEFECTIVE, RECIPES, ROOT, TINY, Case
+from harness.check_io import run as _run
+from harness.mx_cases import CASES, RECIPES, ROOT, TINY, Case
 
-from mbridge_mxfp8_plugin.commands.check import run_check
 from mbridge_mxfp8_plugin.commands.cli import build_parser
-
-
-def _run(recipe, overrides=(), **kw):
-    out, err = io.StringIO(), io.StringIO()
-    kw.setdefault("installed", DEFECTIVE)
-    code = run_check(str(recipe), list(overrides), out=out, err=err, **kw)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -188,112 +180,6 @@ def test_importing_the_package_is_lazy():
 
 
 # --------------------------------------------------------------------------- check says only what it checked
-def _bridge_installed() -> bool:
-    from mbridge_mxfp8_plugin.probes.fields import container_sections
-
-    return container_sections() is not None
-
-
-needs_bridge = pytest.mark.skipif(not _bridge_installed(), reason="no Megatron-Bridge installed to read")
-
-
-@needs_bridge
-@pytest.mark.parametrize(
-    ("override", "meant"),
-    [
-        ("train.train_iter=2", "train_iters"),
-        ("+checkpoint.sav=/tmp/ckpt", "save"),
-        ("+scheduler.lr_warmup_iter=10", "lr_warmup_iters"),
-        ("+ddp.overlap_param_gathr=true", "overlap_param_gather"),
-    ],
-)
-def test_typo_in_any_bridge_section_fails_mx101(override, meant):
-    """Every section whose class is fixed (one concrete class in ConfigContainer) is key-checked
-    against the installed Bridge's class (``train.train_iter=2`` passed MX101 once and failed
-    later inside the job)."""
-    key = override.lstrip("+").split("=")[0]
-    code, out, _ = _run(TINY, [override])
-    assert code == 1, out
-    assert f"error MX101 {key}:" in out and f"did you mean {meant!r}" in out
-    code, out, _ = _run(TINY, [override], as_json=True)
-    payload = json.loads(out)
-    (mx101,) = [r for r in payload["rules"] if r["id"] == "MX101"]
-    assert code == 1 and mx101["status"] == "fail"
-    assert [f["knob"] for f in mx101["findings"]] == [key]
-
-
-@needs_bridge
-def test_correct_keys_of_those_sections_pass():
-    overrides = ["train.train_iters=2", "+checkpoint.save=/tmp/ckpt", "+scheduler.lr_warmup_iters=10"]
-    code, out, _ = _run(TINY, overrides)
-    assert code == 0, out
-
-
-@needs_bridge
-@pytest.mark.parametrize("section, key", [("model", "hiden_size"), ("dataset", "seq_lenght_typo")])
-def test_a_key_of_a_section_whose_class_is_open_is_a_warning(section, key):
-    """``model`` and ``dataset`` are unions in ConfigContainer (``dataset`` includes the abstract
-    DatasetProvider): the base recipe picks the class, maybe one outside Bridge, so a key that is
-    not a field of the classes check can see is unknown, not wrong: a warning naming the classes
-    tried and how to make it checkable; MX101 is then ``warn``, never ``pass``."""
-    override = [f"+{section}.{key}=3"]
-    code, out, _ = _run(TINY, override)
-    assert code == 0, out
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("warning MX101")]
-    assert f"{section}.{key}" in line and "Provider" in line and "--recipe" in line, line
-    _, js, _ = _run(TINY, override, as_json=True)
-    (mx101,) = [r for r in json.loads(js)["rules"] if r["id"] == "MX101"]
-    assert mx101["status"] == "warn" and mx101["findings"][0]["severity"] == "warning"
-    assert _run(TINY, override, fail_on_warning=True)[0] == 1
-
-
-def test_typo_in_the_plugin_section_is_the_plugins_own_refusal():
-    code, out, _ = _run(TINY, ["+mxfp8_plugin.prestge=false"])
-    assert code == 1
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("error MX101")]
-    assert "did you mean 'prestage'" in line and "the plugin refuses" in line
-    assert "Megatron-Bridge" not in line
-
-
-def _without_plugin_section(tmp_path):
-    path = tmp_path / "no_plugin.yaml"
-    path.write_text(TINY.read_text().split("mxfp8_plugin:")[0])
-    return path
-
-
-def test_no_plugin_section_on_a_defective_stack_warns_how_to_switch_it_on(tmp_path):
-    path = _without_plugin_section(tmp_path)
-    code, out, _ = _run(path, dp_size=2)
-    assert code == 0, out  # a warning: the launcher or the script may still add the plugin
-    (line,) = [ln for ln in out.splitlines() if ln.startswith("warning MX009")]
-    assert "python -m mbridge_mxfp8_plugin.launch" in line and "callbacks=[MXFP8ParamSyncCallback()]" in line
-    assert "mxfp8_plugin: {enabled: true}" in line
-    assert _run(path, dp_size=2, fail_on_warning=True)[0] == 1
-    code, out, _ = _run(path, dp_size=2, as_json=True)
-    (mx009,) = [r for r in json.loads(out)["rules"] if r["id"] == "MX009"]
-    assert mx009["status"] == "warn" and mx009["findings"][0]["severity"] == "warning"
-
-
-def test_no_plugin_section_on_a_fixed_stack_is_fine(tmp_path):
-    from harness.mx_cases import FIXED
-
-    code, out, _ = _run(_without_plugin_section(tmp_path), dp_size=2, installed=FIXED, fail_on_warning=True)
-    assert code == 0, out
-
-
-def test_no_megatron_core_means_defects_unknown_not_none(tmp_path):
-    from mbridge_mxfp8_plugin.probes import InstalledStack
-
-    nothing = InstalledStack(core=None, bridge_calls_prepare=None, versions={})
-    assert "defects: unknown" in nothing.describe() and "none" not in nothing.describe()
-    assert nothing.defects == [] and not nothing.defects_known
-    code, out, _ = _run(_without_plugin_section(tmp_path), installed=nothing, as_json=True)
-    payload = json.loads(out)
-    (mx009,) = [r for r in payload["rules"] if r["id"] == "MX009"]
-    assert mx009["status"] == "n/a" and "unknown" in mx009["note"]
-    assert "defects: unknown" in payload["installed"]
-
-
 def test_deleting_a_key_no_bridge_section_has_is_refused_as_bridge_refuses_it():
     """``~train.nope``: Hydra (Bridge's parse, the launcher) refuses it; check used to exit 0."""
     from mbridge_mxfp8_plugin.probes.fields import config_py
@@ -307,41 +193,6 @@ def test_deleting_a_key_no_bridge_section_has_is_refused_as_bridge_refuses_it():
     code, out, err = _run(TINY, ["~train.manual_gc"], dp_size=8)
     assert code == 0, out + err
     assert "~train.manual_gc: deletes a key of the base recipe" in out
-
-
-def test_recipe_given_as_module_function_is_read_from_the_users_file(tmp_path, monkeypatch):
-    """``--recipe my_recipe:my_cfg``, the launcher's form, and a file path form."""
-    (tmp_path / "my_recipe.py").write_text(
-        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n"
-        "def my_cfg():\n"
-        "    cfg = make()\n"
-        "    cfg.model = GPTModelProvider(num_layers=2)\n"
-        "    cfg.model.num_moe_experts = 8\n"
-        "    return cfg\n"
-    )
-    monkeypatch.chdir(tmp_path)
-    from mbridge_mxfp8_plugin.probes.recipe_source import find_recipe
-
-    for spec in ("my_recipe:my_cfg", f"{tmp_path / 'my_recipe.py'}:my_cfg"):
-        found = find_recipe(spec)
-        assert found is not None and found.name == "my_cfg", spec
-        assert found.provider == "megatron.bridge.models.gpt_provider.GPTModelProvider"
-        assert found.model == {"num_moe_experts": 8}
-    code, out, err = _run(TINY, recipe_name="my_recipe:nope")
-    assert code == 2 and "no function 'nope' found in 'my_recipe'" in err, out + err
-
-
-def test_recipe_name_without_bridge_says_bridge_is_missing(monkeypatch):
-    from mbridge_mxfp8_plugin.probes import _source, recipe_source
-
-    monkeypatch.setattr(_source, "_megatron_roots", lambda: [])
-    recipe_source.find_recipe.cache_clear()
-    try:
-        code, out, err = _run(TINY, recipe_name="llama3_8b_pretrain_config")
-    finally:
-        recipe_source.find_recipe.cache_clear()
-    assert code == 2, out + err
-    assert "Megatron-Bridge is not installed" in err and "module:function" in err
 
 
 def test_header_echoes_every_argument_given():

@@ -15,7 +15,7 @@ import pytest
 import torch
 from harness.fake_core import RELEASES, N, make_job
 
-from mbridge_mxfp8_plugin.engine import sync
+from mbridge_mxfp8_plugin.engine import applies
 from mbridge_mxfp8_plugin.engine.sync import ParamSyncEngine, SyncStats
 from mbridge_mxfp8_plugin.errors import MXFP8UsageError
 
@@ -192,7 +192,7 @@ def test_stage_for_step_stages_only_when_a_gather_follows(release):
 
 
 def test_passive_when_core_and_the_loop_stage_themselves(release, monkeypatch):
-    monkeypatch.setattr(sync, "probe_live_loop", lambda: True)
+    monkeypatch.setattr(applies, "probe_live_loop", lambda: True)
     job = make_job(release)
     engine = _engine(job)
     assert engine.loop_stages_itself() == release.has_prepare_for_param_sync
@@ -211,7 +211,7 @@ def test_passive_when_core_and_the_loop_stage_themselves(release, monkeypatch):
 
 @pytest.mark.parametrize(("live_loop", "overlap"), [(False, True), (None, True), (True, False)])
 def test_not_passive_unless_every_condition_holds(release, monkeypatch, live_loop, overlap):
-    monkeypatch.setattr(sync, "probe_live_loop", lambda: live_loop)
+    monkeypatch.setattr(applies, "probe_live_loop", lambda: live_loop)
     job = make_job(release)
     job.opt.config.overlap_param_gather = overlap
     engine = _engine(job)
@@ -298,7 +298,7 @@ def _loop_forced_sync(job, *, disable: bool) -> None:
 
 
 def _passive_engine(release, monkeypatch, job):
-    monkeypatch.setattr(sync, "probe_live_loop", lambda: True)
+    monkeypatch.setattr(applies, "probe_live_loop", lambda: True)
     engine = _engine(job)
     passive = engine.loop_stages_itself()
     # Only a core that writes forced gathers back, resets the dispatch state and stages on request
@@ -352,7 +352,7 @@ def test_passive_engine_does_nothing_in_any_schedule(release, monkeypatch, flags
 
 def test_passive_engine_eval_without_optimizer_only_marks_groups(release, monkeypatch):
     """Defect E stays handled where the engine is otherwise passive: flags only, no byte written."""
-    monkeypatch.setattr(sync, "probe_live_loop", lambda: True)
+    monkeypatch.setattr(applies, "probe_live_loop", lambda: True)
     job = make_job(release)
     engine = _engine(job, optimizer=False)
     assert engine.loop_stages_itself() is False  # nothing is known about the loop without an optimizer

@@ -43,7 +43,7 @@ def test_defect_a_bucket_offsets(bridge_runs, plugin):
         assert run.offset_mismatches_after == run.offset_mismatches_before
 
 
-# Deliberately the check of test_loop_api's test_defect_b_eval_weights (duplicates lists the pair):
+# Deliberately the check of test_loop's test_defect_b_eval_weights (duplicates lists the pair):
 # the same defect, shown on Bridge's loop order here and on Megatron-LM's there.
 @pytest.mark.parametrize("plugin", [False, True], ids=["plugin_off", "plugin_on"])
 def test_eval_losses_match_reference(bridge_runs, plugin):

@@ -1,4 +1,6 @@
-"""One options contract for the three entry points (Bridge callback, Lightning callback, loop API).
+"""One options contract for the three entry points (Bridge callback, Lightning callback, loop API):
+what adapters/session.py does the same way for each (the options, the shared engine, the verify policy).
+The options type itself: tests/unit/test_options.py.
 
 Single process: a stand-in for megatron-core's DDP chunk (harness.fake_core) in the affected mode
 (reuse + distributed optimizer + overlap, no buckets) is enough for an entry point to build its
@@ -116,51 +118,6 @@ def test_loop_api_refuses_different_options_for_the_same_chunks():
         mxfp8_param_sync([chunk], None, PluginOptions(validate=False, strict=False))
     with pytest.raises(MXFP8UsageError, match="already set up for these model chunks"):
         mxfp8_param_sync([chunk], None, validate=True)
-
-
-def test_verify_weights_is_an_option_of_every_entry_point(tmp_path):
-    """The knob is off by default, typed, and reaches check and the launcher under its YAML name."""
-    import io
-
-    from harness.mx_cases import DEFECTIVE, TINY
-
-    from mbridge_mxfp8_plugin import MXFP8ConfigError
-    from mbridge_mxfp8_plugin.commands.check import run_check
-    from mbridge_mxfp8_plugin.commands.launch import plugin_options
-
-    assert PluginOptions().verify_weights is False
-    assert PluginOptions.from_mapping({"verify_weights": True}).verify_weights is True
-    with pytest.raises(MXFP8ConfigError, match="verify_weights must be"):
-        PluginOptions.from_mapping({"verify_weights": "yes please"})
-    # The launcher reads the section and its overrides into the options the callback gets.
-    assert plugin_options(None, ["mxfp8_plugin.verify_weights=true"]).verify_weights is True
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("mxfp8_plugin:\n  verify_weights: true\n")
-    assert plugin_options(recipe, []).verify_weights is True
-    with pytest.raises(MXFP8ConfigError, match="verify_weights must be"):
-        plugin_options(None, ["mxfp8_plugin.verify_weights=3"])
-    # check accepts it (a typo of it is refused: the control).
-    for key, ok in (("verify_weights", True), ("verify_weight", False)):
-        out, err = io.StringIO(), io.StringIO()
-        code = run_check(str(TINY), [f"mxfp8_plugin.{key}=true"], out=out, err=err, installed=DEFECTIVE)
-        assert (code == 0) == ok, out.getvalue() + err.getvalue()
-
-
-def test_verify_sample_is_a_checked_fraction(tmp_path):
-    """The sampling knob: a number in (0, 1], from Python, YAML and overrides alike."""
-    from mbridge_mxfp8_plugin import MXFP8ConfigError
-    from mbridge_mxfp8_plugin.commands.launch import plugin_options
-
-    assert 0 < PluginOptions().verify_sample < 1  # sampled by default
-    assert PluginOptions.from_mapping({"verify_sample": 1}).verify_sample == 1
-    assert plugin_options(None, ["mxfp8_plugin.verify_sample=0.5"]).verify_sample == 0.5
-    for bad in (0, 0.0, 1.5, -0.1):
-        with pytest.raises(MXFP8ConfigError, match=r"verify_sample must be a number in \(0, 1\]"):
-            PluginOptions.from_mapping({"verify_sample": bad})
-    with pytest.raises(MXFP8ConfigError, match="verify_sample must be a number"):
-        PluginOptions.from_mapping({"verify_sample": "all"})
-    with pytest.raises(MXFP8ConfigError, match="verify_sample"):
-        plugin_options(None, ["mxfp8_plugin.verify_sample=2"])
 
 
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
