@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -72,3 +75,47 @@ def test_cli_and_recipe_lookup_import_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _documented_paths() -> dict[str, str]:
+    """Every ``mbridge_mxfp8_plugin.x.y`` the README, the docs and the shipped recipes show -> where."""
+    root = Path(__file__).resolve().parents[2]
+    found: dict[str, str] = {}
+    for path in [
+        root / "README.md",
+        *sorted((root / "docs").glob("*.md")),
+        *sorted((root / "recipes").glob("*.yaml")),
+    ]:
+        for match in re.finditer(r"mbridge_mxfp8_plugin(?:\.\w+)+", path.read_text(encoding="utf-8")):
+            found.setdefault(match.group(0), str(path.relative_to(root)))
+    return found
+
+
+DOCUMENTED = _documented_paths()
+
+
+def test_the_docs_show_import_paths() -> None:
+    """Without paths found the test below would pass on nothing."""
+    assert {
+        "mbridge_mxfp8_plugin.lightning",
+        "mbridge_mxfp8_plugin.launch",
+        "mbridge_mxfp8_plugin.recipes",
+    } <= set(DOCUMENTED)
+
+
+@pytest.mark.parametrize("dotted", sorted(DOCUMENTED))
+def test_every_documented_import_path_resolves(dotted: str) -> None:
+    """A module path imports; ``module.name`` resolves to an attribute (Lightning's path needs Lightning)."""
+    if dotted.split(".")[1] == "lightning":
+        pytest.importorskip("lightning")
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            assert hasattr(obj, name), f"{dotted} ({DOCUMENTED[dotted]}): {obj!r} has no {name!r}"
+            obj = getattr(obj, name)
+        return
+    raise AssertionError(f"{dotted} ({DOCUMENTED[dotted]}) does not import")
