@@ -397,7 +397,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "plugin-full": plugin_full,
     },
     "docs/layout.md": {"layers": layers_table},
-    "docs/check.md": {"check-speed": check_speed},
+    "docs/check.md": {"check-speed": check_speed, "recipes": recipe_names},
 }
 
 
