@@ -30,7 +30,7 @@ test:
 
 # The fast tier: tests/unit, every single-process test (no spawned ranks: the engine's state machine
 # against fakes of megatron-core, every config rule, the config column, the CLI, packaging): about
-# 100 s of CPU.
+# a minute (docs/testing.md has the tier times).
 # Reuses an existing venv as it is (a stale stamp would reinstall); creates one only if missing.
 test-fast:
 	@test -x $(PY) || $(MAKE) --no-print-directory $(STAMP)

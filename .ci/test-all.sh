@@ -29,7 +29,7 @@ matrix_setup=$!
   echo "nemo install finished rc=$rc in $((SECONDS - t0)) s" >> "$LOGS/setup-nemo.log"; exit $rc ) &
 nemo_setup=$!
 
-# The fast tier first (tests/unit, ~100 s of CPU, one process): a broken engine or rule shows before the long tiers.
+# The fast tier first (tests/unit, about a minute, one process): a broken engine or rule shows before the long tiers.
 tier test-fast "$MAKE" --no-print-directory test-fast
 tier lint "$MAKE" --no-print-directory lint
 # The main suite without tests/unit, which the fast tier has just run (CI time).
