@@ -12,13 +12,14 @@ LOGS=${CI_LOGS:-.ci-logs}
 mkdir -p "$LOGS"
 MAKE=${MAKE:-make}
 failed=()
+times=()  # "name seconds status" per tier, printed as a table at the end
 
 phase() { printf '\n########## %s  (t=%d s, %s)\n' "$1" "$SECONDS" "$(df -h . | awk 'NR==2 {print $4 " disk free"}')"; }
 tier() {  # $1 = name, rest = command
     local name=$1 t0=$SECONDS; shift
     phase "$name"
-    if "$@"; then echo "########## $name passed in $((SECONDS - t0)) s"
-    else echo "########## $name FAILED after $((SECONDS - t0)) s"; failed+=("$name"); fi
+    if "$@"; then echo "########## $name passed in $((SECONDS - t0)) s"; times+=("$name $((SECONDS - t0)) passed")
+    else echo "########## $name FAILED after $((SECONDS - t0)) s"; failed+=("$name"); times+=("$name $((SECONDS - t0)) FAILED"); fi
 }
 
 phase "background installs: matrix venvs -> $LOGS/setup-matrix.log, NeMo venv -> $LOGS/setup-nemo.log"
@@ -46,5 +47,12 @@ tier matrix "$MAKE" --no-print-directory matrix
 tier nemo "$MAKE" --no-print-directory nemo
 
 phase "done"
+echo "per-tier time (the background installs ran beside test-fast, lint and test-main):"
+printf '  %-10s %6s  %s\n' tier seconds result
+for row in "${times[@]}"; do
+    read -r name secs status <<< "$row"
+    printf '  %-10s %6d  %s\n' "$name" "$secs" "$status"
+done
+printf '  %-10s %6d\n' total "$SECONDS"
 if [ ${#failed[@]} -gt 0 ]; then echo "FAILED tiers: ${failed[*]}"; exit 1; fi
 echo "all tiers passed"
