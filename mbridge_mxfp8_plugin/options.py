@@ -10,6 +10,7 @@ once, with the same default. Nothing in this module imports torch or a training 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -110,11 +111,7 @@ class PluginOptions:
         The one path by which every entry point's keyword overrides reach its options; an unknown
         name is a usage error rather than a silently ignored keyword.
         """
-        unknown = sorted(set(changes) - set(option_types()))
-        if unknown:
-            raise MXFP8UsageError(
-                f"not a plugin option: {', '.join(unknown)} (options: {', '.join(option_types())})"
-            )
+        _refuse_unknown(changes)
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def as_mapping(self) -> dict[str, Any]:
@@ -188,3 +185,29 @@ def _with_option_docs(doc: str | None) -> str:
 
 
 PluginOptions.__doc__ = _with_option_docs(PluginOptions.__doc__)
+
+
+def _refuse_unknown(names: Any) -> None:
+    """A misspelt keyword names the option it was probably meant to be, as YAML keys do."""
+    from .common.yamltypes import suggest
+
+    types = option_types()
+    unknown = sorted(set(names) - set(types))
+    if unknown:
+        raise MXFP8UsageError(
+            f"not a plugin option: {', '.join(unknown)}{suggest(unknown[0], types)} "
+            f"(options: {', '.join(types)})"
+        )
+
+
+_dataclass_init = PluginOptions.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_naming_unknown_keywords(self: PluginOptions, *args: Any, **kwargs: Any) -> None:
+    # The dataclass's own __init__ would raise a bare TypeError without a suggestion.
+    _refuse_unknown(kwargs)
+    _dataclass_init(self, *args, **kwargs)
+
+
+PluginOptions.__init__ = _init_naming_unknown_keywords  # type: ignore[method-assign]

@@ -96,3 +96,20 @@ def test_one_validator_for_every_entry_point():
     assert code == 1 and want in _lines(out, "error MX102")[0]
     with pytest.raises(MXFP8ConfigError, match=r"verify_sample must be a number in \(0, 1\], got 2.0"):
         PluginOptions(verify_sample=2.0)
+
+
+def test_a_misspelt_keyword_names_the_option_it_was_meant_to_be():
+    """``PluginOptions(verify_weight=True)`` was the dataclass's bare TypeError; now the same one
+    line as a misspelt YAML key (still a TypeError, for callers that catch that)."""
+    from mbridge_mxfp8_plugin.errors import MXFP8UsageError
+    from mbridge_mxfp8_plugin.options import PluginOptions
+
+    for make in (
+        lambda: PluginOptions(verify_weight=True),
+        lambda: PluginOptions().replace(verify_weight=True),
+    ):
+        with pytest.raises(
+            MXFP8UsageError, match=r"verify_weight \(did you mean 'verify_weights'\?\)"
+        ) as err:
+            make()
+        assert isinstance(err.value, TypeError)
