@@ -146,7 +146,7 @@ class EngineHolder:
     def _yield_to(self, owner: SyncOwner) -> None:
         """Someone else owns the param sync: no engine, and one line a default Bridge job shows."""
         self.engine, self._owner = None, owner
-        self.inactive_reason = decide((), owner=owner).reason
+        self.inactive_reason = Decision.owned_by(owner).reason
         if not self._owner_logged:  # once per job: Bridge's save hands unwrapped modules (new key)
             self._owner_logged = True
             log_rank_zero(logging.WARNING, "%s", owner.message())

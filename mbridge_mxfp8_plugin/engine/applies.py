@@ -31,6 +31,10 @@ class Decision:
     def applies(self) -> bool:
         return self.reason is None
 
+    @classmethod
+    def owned_by(cls, owner: SyncOwner) -> Decision:
+        return cls(owner, f"{owner.owner} owns the param sync ({owner.found})")
+
 
 def decide(
     model_chunks: Sequence[Any], optimizer: Any | None = None, *, owner: SyncOwner | None = None
@@ -39,7 +43,7 @@ def decide(
     (Bridge's save hands the unwrapped modules, which no longer show the FSDP wrapper)."""
     owner = owner or sync_owner(model_chunks, optimizer)
     if owner is not None:
-        return Decision(owner, f"{owner.owner} owns the param sync ({owner.found})")
+        return Decision.owned_by(owner)
     if not all(is_megatron_ddp(m) for m in model_chunks):
         kinds = sorted({type(m).__name__ for m in model_chunks})
         return Decision(
