@@ -1,8 +1,17 @@
 """Run a function on N ranks with real torch.distributed collectives (gloo on CPU, NCCL on GPU).
 
-Each rank is a fresh spawned process, so megatron-core's global state never leaks between
-tests. The function's return value from every rank comes back to the caller; an exception on
-any rank is re-raised in the caller with that rank's traceback.
+Each rank is a fresh process, so megatron-core's global state never leaks between tests. The
+function's return value from every rank comes back to the caller; an exception on any rank is
+re-raised in the caller with that rank's traceback.
+
+On a CPU host the ranks are forked from a server that has imported torch and megatron-core once
+(multiprocessing's ``forkserver`` with a preload): a spawned rank spends 3-7 s importing them,
+which a suite of a hundred launches pays for minutes. The server only imports; it never builds a
+process group or a model, so each rank still starts from megatron-core's import-time state. The
+rank adopts the caller's environment, working directory and ``sys.path`` *before* it unpickles
+the function, so an environment variable set by a test reaches the function's module as under
+``spawn``. On a CUDA host ranks are spawned (a fork after CUDA is touched is unsafe), and
+``MXFP8_LAUNCH_START=spawn`` forces spawning anywhere.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ import io
 import os
 import pickle
 import socket
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +29,18 @@ import torch
 import torch.multiprocessing as mp
 
 __all__ = ["launch", "RankFailed"]
+
+#: What the fork server imports once; a module missing here is skipped by multiprocessing.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "megatron.core",
+    "megatron.core.parallel_state",
+    "megatron.core.distributed",
+    "megatron.core.optimizer",
+    "megatron.core.transformer",
+    "megatron.core.models.gpt",
+)
 
 
 class RankFailed(RuntimeError):
@@ -31,14 +53,40 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _start_method() -> str:
+    forced = os.environ.get("MXFP8_LAUNCH_START", "")
+    if forced:
+        if forced not in ("spawn", "forkserver"):
+            raise ValueError(f"MXFP8_LAUNCH_START={forced!r}: use 'spawn' or 'forkserver'")
+        return forced
+    return "spawn" if torch.cuda.is_available() else "forkserver"
+
+
+def _context() -> Any:
+    method = _start_method()
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
+def _adopt(caller: dict[str, Any]) -> None:
+    """Make a forked rank see what a spawned one would: the caller's environment, cwd and path."""
+    os.environ.clear()
+    os.environ.update(caller["environ"])
+    os.chdir(caller["cwd"])
+    sys.path[:] = caller["path"]
+
+
 def _rank_main(
     rank: int,
     world_size: int,
     port: int,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
+    caller: dict[str, Any],
+    call: bytes,
     results: Any,
 ) -> None:
+    _adopt(caller)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -48,6 +96,7 @@ def _rank_main(
         NO_VCS_VERSION="1",
     )
     try:
+        fn, args = pickle.loads(call)  # after _adopt: fn's module imports under the caller's env
         use_cuda = torch.cuda.is_available()
         if use_cuda:
             torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -75,11 +124,13 @@ def launch(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: flo
 
     ``fn`` must be importable (module-level) because ranks are spawned, not forked.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = _free_port()
+    caller = {"environ": dict(os.environ), "cwd": os.getcwd(), "path": list(sys.path)}
+    call = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
     procs = [
-        ctx.Process(target=_rank_main, args=(r, world_size, port, fn, args, results), daemon=False)
+        ctx.Process(target=_rank_main, args=(r, world_size, port, caller, call, results), daemon=False)
         for r in range(world_size)
     ]
     for p in procs:

@@ -65,7 +65,6 @@ EXEMPT = {
     "probes.loops": "read from the installed Bridge by tests/ranks/test_matrix.py's loop-order test "
     "in every cell",
     "probes.resume": "its verdict on F is test_defects.py's; doctor's reading of it test_doctor.py's",
-    "testing.launcher": "runs every tests/ranks test",
     "testing.megatron_lm_loop": "the Megatron-LM steps tests/ranks/test_loop.py and the verifier's "
     "cases (harness/verify_cases.py) run, against a reference",
     "testing.te_quantized": "the wrapper half of the TE-shaped type, tested through it in test_te_mxfp8.py",
