@@ -133,8 +133,28 @@ class Launch:
     #: ``--dry-run``: report the job instead of running it
     dry_run: bool = False
 
+    def refuses_on_errors(self) -> bool:
+        """Whether a config error stops this job: the plugin's callback runs the train-start check
+        (``enabled``), the check is on (``validate``) and refuses (``strict``)."""
+        return self.options.enabled and self.options.validate and self.options.strict
+
+    def file_refusal(self) -> list[Any]:
+        """``check``'s errors on the file and overrides that make a strict run refuse to start:
+        ``check`` and the launcher are one judge, so what ``check`` calls an error on these
+        inputs stops the job here as the train-start check would (exit 1 either way)."""
+        if self.file_report is None or not self.refuses_on_errors():
+            return []
+        return list(self.file_report.errors)
+
     def run(self, extra_callbacks: Sequence[Any] = ()) -> None:
         """Bridge's ``pretrain``/``finetune`` with the plugin's callback first, then ``extra_callbacks``."""
+        errors = self.file_refusal()
+        if errors:
+            more = f" (and {len(errors) - 1} more: mxfp8-plugin check shows them all)" if errors[1:] else ""
+            raise MXFP8ConfigError(
+                f"the config check refused this job (mxfp8_plugin.strict is true): {errors[0].line()}{more}; "
+                "fix it, or set mxfp8_plugin.strict=false to log it and train"
+            )
         callbacks = [*self.callbacks, *extra_callbacks]
         if self.mode == "finetune":
             _check_finetune_takes_callbacks(self.entry, callbacks)
@@ -211,9 +231,26 @@ def _base_recipe(name: str) -> Any:
         return None
 
 
-def _check_input(recipe: RecipeInput, options: PluginOptions, recipe_name: str) -> Any:
+def _container_facts(config: Any, recipe_name: str) -> Any:
+    """The recipe's facts as ``check --recipe`` reads them from source, but off the built
+    container: its model class and ``comm_overlap`` section, and the model knobs it holds."""
+    from ..probes.recipe_source import recipe_facts
+
+    facts = recipe_facts(config, recipe_name)
+    model = getattr(config, "model", None)
+    fields = getattr(model, "__dataclass_fields__", {})
+    scalars = {k: getattr(model, k, None) for k in fields}
+    facts.model.update(
+        {k: v for k, v in scalars.items() if v is None or isinstance(v, (bool, int, float, str))}
+    )
+    return facts
+
+
+def _check_input(recipe: RecipeInput, options: PluginOptions, recipe_name: str, base: Any = None) -> Any:
     """``check``'s rules on the file and overrides: a key or a type it knows to be wrong cannot be
-    applied faithfully, so it stops the launch here, in a second, with the first error."""
+    applied faithfully, so it stops the launch here, in a second, with the first error. Run again
+    once the recipe function has built its container, with ``base`` read off that container (its
+    model class, its ``comm_overlap``): ``check --recipe`` reads the same facts from the source."""
     from ..config.validate import validate_config
 
     report = validate_config(
@@ -221,7 +258,7 @@ def _check_input(recipe: RecipeInput, options: PluginOptions, recipe_name: str) 
         dp_size=options.dp_size,
         strict=False,
         skipped=recipe.not_checked(),
-        base_recipe=_base_recipe(recipe_name),
+        base_recipe=_base_recipe(recipe_name) if base is None else base,
     )
     structural = [f for f in report.errors if f.rule.startswith("MX1")]
     if structural:
@@ -326,7 +363,9 @@ def prepare(argv: Sequence[str]) -> Launch:
         _check_finetune_takes_callbacks(entry, ["plugin"])
     forward_step = forward_step_function(args.forward_step)
     config = _build_config(make_config, args.recipe)
+    base = _container_facts(config, args.recipe)  # what the recipe function set, before the merge
     merge_onto_container(config, files, rest)
+    file_report = _check_input(early, options, args.recipe, base=base)
     callbacks: list[Any] = []
     if options.enabled:
         from ..adapters.bridge import MXFP8ParamSyncCallback

@@ -60,12 +60,15 @@ def _render(launch: Any, report: Any, refused: bool) -> str:
     out += knob_lines(launch.config, options, report.dp_size)
     findings = launch.file_report.findings if launch.file_report is not None else []
     if findings:
-        out += ["", "check, on the file and overrides:"] + [f"  {f.line()}" for f in findings]
+        out += ["", "check, on the file and overrides (what the recipe function set taken into account):"]
+        out += [f"  {f.line()}" for f in findings]
     out += ["", "train-start config check, on the built ConfigContainer (the rules that need no model):"]
     out += [report.format_table()]
-    if not options.validate:
+    if not options.enabled:
+        out.append("note: mxfp8_plugin.enabled is false, so a run adds no callback and skips this check")
+    elif not options.validate:
         out.append("note: mxfp8_plugin.validate is false, so a run skips this check")
-    elif not report.ok:
+    elif not report.ok or launch.file_report is not None and launch.file_report.errors:
         how = "refuse to start" if options.strict else "log these errors and train (strict: false)"
         out.append(f"note: with these options a run would {how}")
     out += [
@@ -82,7 +85,9 @@ def dry_run(launch: Any, out: TextIO | None) -> int:
     from ..config.validate import validate_config
 
     report = validate_config(launch.config, plugin=launch.options, strict=False)
-    refused = launch.options.validate and launch.options.strict and not report.ok
+    refused = bool(launch.file_refusal()) or (
+        launch.options.validate and launch.options.strict and not report.ok
+    )
     if out is not None:
         out.write(_render(launch, report, refused))
     return EXIT_REFUSED if refused else EXIT_OK

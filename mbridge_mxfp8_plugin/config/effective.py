@@ -35,13 +35,44 @@ class EffectiveConfig:
             return self.view.mp(knob)
         return None
 
+    def comm_overlap_present(self) -> bool:
+        """Whether the job has a ``comm_overlap`` section: stated here, or set by the base recipe
+        (``check --recipe``, its source; the launcher, its built container). Where neither says,
+        as without a recipe, the file is judged as the whole config: no section."""
+        if not self.bridge_semantics:
+            return False
+        if "comm_overlap" in self.view.sections:
+            return True
+        base = self.view.base_recipe
+        return base is not None and isinstance(getattr(base, "comm_overlap", None), dict)
+
+    #: (section, knob) that ``CommOverlapConfig.setup`` overwrites when the section is present.
+    COMM_OVERLAP_OWNS = (
+        ("ddp", "overlap_grad_reduce"),
+        ("ddp", "overlap_param_gather"),
+        ("ddp", "bucket_size"),
+        ("optimizer", "overlap_param_gather"),
+        ("optimizer", "overlap_param_gather_with_optimizer_step"),
+    )
+
+    def comm_overlap(self, knob: str) -> Val | None:
+        """The value ``comm_overlap`` gives ``knob`` (None: no section, the written value stands)."""
+        return self._comm_overlap(knob)
+
     def _comm_overlap(self, knob: str) -> Val | None:
         """``comm_overlap.setup`` overwrites the overlap knobs of ddp and optimizer (Bridge)."""
-        if not self.bridge_semantics or "comm_overlap" not in self.view.sections:
+        if not self.comm_overlap_present():
             return None
         v = self.view.raw("comm_overlap", knob)
         if v.known and v.value is not None:
             return v
+        base = getattr(self.view.base_recipe, "comm_overlap", None)
+        if "comm_overlap" not in self.view.sections and isinstance(base, dict):
+            where = f"comm_overlap.{knob} (set by recipe {self.view.base_recipe.name})"
+            if base.get(knob) is not None:
+                return Val(base[knob], where)
+            if "**" in base:  # CommOverlapConfig(**kwargs): this knob may be among them
+                return Val(UNKNOWN, f"comm_overlap.{knob}")
         if self.dp_size is None:
             return Val(UNKNOWN, f"comm_overlap.{knob}")
         defaults = {
@@ -129,6 +160,12 @@ class EffectiveConfig:
             if expr == "???":
                 return "is ??? (the base recipe's value is kept)"
             return f"is {expr}, an interpolation into the base recipe"
+        base_co = getattr(self.view.base_recipe, "comm_overlap", None)
+        if v.path.startswith("comm_overlap.") and isinstance(base_co, dict) and "**" in base_co:
+            return (
+                f"is set by the base recipe's comm_overlap, built from **kwargs its source does not "
+                f"spell out (state {v.path})"
+            )
         if v.path.startswith("comm_overlap."):
             sec, _, knob = where.partition(".")
             stated = self.view.raw(sec, knob) if knob else Val(UNKNOWN, where)

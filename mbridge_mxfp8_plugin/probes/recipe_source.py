@@ -3,8 +3,11 @@
 A recipe YAML is merged onto the ``ConfigContainer`` a Python recipe builds, which ``check`` does
 not run (that needs Bridge, torch and often a Hugging Face download). Its source still says a
 lot: the model provider class when it constructs one by name, and the model knobs it assigns as
-literals (``cfg.model.expert_model_parallel_size = 4``: MoE in the base recipe). What the source
-does not say (a provider built by ``AutoBridge.from_hf_pretrained``) stays unknown, with why.
+literals (``cfg.model.expert_model_parallel_size = 4``: MoE in the base recipe), and whether it
+sets a ``comm_overlap`` section, which overwrites the overlap knobs of ddp and optimizer inside
+``pretrain()`` (followed into the helpers it calls, two levels deep, as Bridge's recipes start from
+``_pretrain_common()``). What the source does not say (a provider built by
+``AutoBridge.from_hf_pretrained``) stays unknown, with why.
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ from typing import Any
 from ._source import block, megatron_subdir, module_file, user_module_file
 from ._summary import summary
 
-__all__ = ["RecipeSource", "find_recipe"]
+__all__ = ["SPLAT", "UNSTATED", "RecipeSource", "find_recipe", "recipe_facts"]
+
+#: ``RecipeSource.comm_overlap`` when the source does not say whether the recipe sets one.
+UNSTATED = "unstated"
+#: A key of ``RecipeSource.comm_overlap``: the call also passes ``**kwargs`` (other knobs unknown).
+SPLAT = "**"
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,10 @@ class RecipeSource:
     provider_why: str = ""
     #: ``cfg.model.<knob> = <literal>`` assignments
     model: dict[str, Any] = field(default_factory=dict)
+    #: the ``CommOverlapConfig(...)`` it sets, as its literal keywords (with :data:`SPLAT` as a key
+    #: when it also passes ``**kwargs``, whose knobs are then not known); None where it sets
+    #: ``comm_overlap=None``; :data:`UNSTATED` where its source (and its helpers') does not say
+    comm_overlap: dict[str, Any] | None | str = UNSTATED
 
 
 def _recipes_dir() -> Path | None:
@@ -122,4 +134,71 @@ def find_recipe(name: str) -> RecipeSource | None:
             value = _literal(node.value)
             if value is not _SKIP:
                 model[target[2]] = value
-    return RecipeSource(func, str(path), provider, why, model)
+    return RecipeSource(func, str(path), provider, why, model, _comm_overlap(path, tree, depth=2))
+
+
+def _comm_overlap_value(node: ast.expr) -> dict[str, Any] | None | str:
+    if isinstance(node, ast.Constant) and node.value is None:
+        return None
+    if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "CommOverlapConfig":
+        kwargs = {kw.arg or SPLAT: _literal(kw.value) if kw.arg else True for kw in node.keywords}
+        return {k: v for k, v in kwargs.items() if v is not _SKIP}
+    return UNSTATED
+
+
+def _comm_overlap(path: Path, tree: ast.AST, depth: int) -> dict[str, Any] | None | str:
+    """What the function (``tree``) leaves ``comm_overlap`` as: its own last word
+    (``cfg.comm_overlap = ...`` or ``comm_overlap=...`` in a call), else the last word of a helper
+    it calls that is defined in its module or imported into it, ``depth`` levels deep."""
+    said: list[tuple[int, dict[str, Any] | None | str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            if ast.unparse(node.targets[0]).split(".")[-1] == "comm_overlap":
+                said.append((node.lineno, _comm_overlap_value(node.value)))
+        elif isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg == "comm_overlap":
+                    said.append((node.lineno, _comm_overlap_value(kw.value)))
+    known = [value for _, value in sorted(said, key=lambda s: s[0]) if value != UNSTATED]
+    if known:
+        return known[-1]
+    if depth == 0:
+        return UNSTATED
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            found = _helper(path, node.func.id)
+            if found is not None:
+                value = _comm_overlap(found[0], found[1], depth - 1)
+                if value != UNSTATED:
+                    return value
+    return UNSTATED
+
+
+def _helper(path: Path, name: str) -> tuple[Path, ast.AST] | None:
+    """The source of function ``name`` as the module at ``path`` sees it: defined there, or
+    imported by ``from module import name`` from a file that can be found."""
+    imported = (summary(path) or {}).get("imports", {}).get(name)
+    where = path
+    if imported is not None and imported[1] is not None:
+        where = user_module_file(imported[0]) or module_file(imported[0])  # type: ignore[assignment]
+        name = imported[1]
+    if where is None:
+        return None
+    text = block(where.read_text(encoding="utf-8", errors="replace"), "def", name)
+    if not text:
+        return None
+    try:
+        return where, ast.parse(text)
+    except SyntaxError:
+        return None
+
+
+def recipe_facts(container: Any, name: str) -> RecipeSource:
+    """The same facts read off a built ``ConfigContainer`` (the launcher has one): its model
+    provider's class and whether it holds a ``comm_overlap`` section, with that section's values."""
+    model = getattr(container, "model", None)
+    provider = f"{type(model).__module__}.{type(model).__qualname__}" if model is not None else None
+    co = getattr(container, "comm_overlap", None)
+    fields = getattr(co, "__dataclass_fields__", None)
+    overlap = None if co is None else {k: getattr(co, k) for k in (fields or vars(co))}
+    return RecipeSource(name, "(the built ConfigContainer)", provider, "", {}, overlap)

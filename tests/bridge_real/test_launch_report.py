@@ -110,3 +110,55 @@ def test_bridges_own_recipe_package(dry_run):
             assert "megatron-energon is not installed" in err and "pip install megatron-energon" in err, err
     else:
         assert rc in (0, 1) and "plugin options (mxfp8_plugin):" in out, out + err
+
+
+ONE_JUDGE_CASES = {
+    # the user's true, which the recipe's comm_overlap overwrites: a warning, the job starts
+    "overwritten": ["optimizer.overlap_param_gather_with_optimizer_step=true"],
+    # the same knob where comm_overlap takes it from: an error for both
+    "in_comm_overlap": ["+comm_overlap.overlap_param_gather_with_optimizer_step=true"],
+    "no_distopt": ["ddp.use_distributed_optimizer=false", "optimizer.use_distributed_optimizer=false"],
+    "reuse_in_ddp_only": ["optimizer.reuse_grad_buf_for_mxfp8_param_ag=false"],
+    # a written false that mixed_precision silently replaces: check's error, judged on the file
+    "replaced_by_mixed_precision": ["ddp.reuse_grad_buf_for_mxfp8_param_ag=false"],
+    "clean": [],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_JUDGE_CASES))
+def test_check_and_the_dry_run_are_one_judge(dry_run, case):
+    """``check FILE OVERRIDES --recipe JOB`` and the launcher's dry run on the same inputs give
+    the same exit status and name the same errors (strict: a dry run's 1 is a refused start)."""
+    from harness.check_io import run as run_check
+
+    overrides = ONE_JUDGE_CASES[case]
+    rc_dry, out, err = dry_run("--recipe", JOB, "--config-file", str(RECIPE), *overrides)
+    rc_check, check_out, check_err = run_check(RECIPE, overrides, recipe_name=JOB, installed=None)
+    assert rc_dry == rc_check, f"dry run {rc_dry}, check {rc_check}\n{out}{err}\n{check_out}{check_err}"
+    if rc_dry == 0:
+        assert "verdict: the job would start" in out and "0 error(s)" in check_out, out + check_out
+    else:
+        errors = {ln.split()[1] for ln in check_out.splitlines() if ln.startswith("error MX")}
+        assert errors and all(f"error {rule}" in out for rule in errors), out + check_out
+
+
+def test_a_real_run_refuses_what_check_refuses_before_pretrain(monkeypatch, capsys):
+    """Not only the dry run: a strict real run stops on check's error on its inputs (exit 1, one
+    line), before ``pretrain()``, though the built container alone would pass the train-start
+    check (mixed_precision replaces the written false)."""
+    from harness.bridge_cpu import bridge_on_cpu
+
+    from mbridge_mxfp8_plugin.commands import launch as launch_module
+
+    started: list[object] = []
+    argv = ["--recipe", JOB, "--config-file", str(RECIPE), "ddp.reuse_grad_buf_for_mxfp8_param_ag=false"]
+    with bridge_on_cpu():
+        launch = launch_module.prepare(argv)
+        launch.entry = lambda *a, **k: started.append(a)  # pretrain() must not be reached
+        monkeypatch.setattr(launch_module, "prepare", lambda _argv: launch)
+        rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 1 and not started, (rc, err)
+    assert err.count("error: ") == 1 and "MX005" in err and "strict=false" in err, err
+    launch.options = launch.options.replace(strict=False)
+    assert launch.file_refusal() == []  # lenient: logged by check's report, and the job trains

@@ -202,6 +202,31 @@ def _mp_overwrites(ctx: EffectiveConfig, rule: Rule) -> list[Finding]:
     return out
 
 
+def _comm_overlap_overwrites(ctx: EffectiveConfig, rule: Rule) -> list[Finding]:
+    """An overlap knob written in ddp/optimizer while the job has a ``comm_overlap`` section:
+    ``CommOverlapConfig.setup()`` copies its own value over it inside ``pretrain()``, so a written
+    value that differs never reaches the job (the rules judge the value that does)."""
+    out = []
+    for sec, knob in ctx.COMM_OVERLAP_OWNS:
+        written, co = ctx.view.raw(sec, knob), ctx.comm_overlap(knob)
+        if not written.known or co is None or not co.known or co.value == written.value:
+            continue
+        source, _, note = co.path.partition(" ")
+        why = (
+            f"{written.path}={_y(written.value)} is overwritten by {source}={_y(co.value)}"
+            f"{' ' + note if note else ''} inside "
+            "pretrain() (CommOverlapConfig.setup copies comm_overlap's overlap knobs onto ddp and "
+            f"optimizer), so the job runs with {_y(co.value)}; set comm_overlap.{knob} if you meant "
+            f"{_y(written.value)}, or delete {written.path}"
+        )
+        out.append(
+            Finding(
+                rule.id, "warning", written.path, written.value, why, {"comm_overlap": {knob: written.value}}
+            )
+        )
+    return out
+
+
 def _copies_disagree(ctx: EffectiveConfig, rule: Rule) -> list[Finding]:
     """Knobs the DDP and the optimizer each hold a copy of, which nothing syncs outside Bridge."""
     out = []
@@ -258,7 +283,7 @@ def _overlap_copies(ctx: EffectiveConfig, rule: Rule) -> list[Finding]:
 
 @_rule("MX005", "sections agree on shared knobs")
 def _mx005(ctx: EffectiveConfig, rule: Rule) -> RuleResult:
-    out = _mp_overwrites(ctx, rule) if ctx.view.kind == "recipe" else []
+    out = _mp_overwrites(ctx, rule) + _comm_overlap_overwrites(ctx, rule) if ctx.view.kind == "recipe" else []
     out += _copies_disagree(ctx, rule)
     if out:
         return _found(rule, out)
