@@ -7,10 +7,14 @@ hazard tables, the loop API's calls, the GPU benchmark's figures) sits between
 and the committed benchmark results (:data:`RESULTS`). Only the text between markers is touched,
 so the prose around a block stays its author's.
 
-    python docs/render.py           # exit 1 and name each block that differs from its source
+    python docs/render.py           # exit 1 and name each block that differs from its source,
+                                    # and each statement that contradicts a source or a page
     python docs/render.py --write   # rewrite those blocks
 
-``tests/unit/test_docs.py`` runs the check, so a doc and its source cannot disagree in CI.
+What no block can hold (a list or number a page states in its own words: a recipe name, an option,
+an exit status, a release pair's defects, a test count) is checked by :data:`CHECKS`.
+``tests/unit/test_docs.py`` runs the drift check and ``tests/unit/test_docs_agree.py`` the
+contradiction checks, so a doc and its source cannot disagree in CI.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mbridge_mxfp8_plugin.probes.defects import DEFECTS, HAZARDS  # noqa: E402
 from mbridge_mxfp8_plugin.options import PluginOptions, option_docs  # noqa: E402
+from mbridge_mxfp8_plugin.probes.defects import DEFECTS, HAZARDS  # noqa: E402
 
 #: The GPU run the docs quote (``benchmarks/run_gpu.sh`` on 2 x H200, both passes); a new run is
 #: a new folder, and pointing this at it re-renders every figure.
@@ -142,11 +146,6 @@ def _span(values: list[float], digits: int = 1) -> str:
     return lo if lo == hi else f"{lo}-{hi}"
 
 
-def verify_ratio() -> str:
-    """The sampled verifier's cost at 4B over the eval transition, across the passes."""
-    return _span([r["ratio_verify_vs_eval"] for r in _rows("4B")])
-
-
 def eval_table() -> str:
     """The eval transition, one-pass quantizer: one row per model size, pass 1 / pass 2."""
     out = [
@@ -171,42 +170,29 @@ def eval_table() -> str:
     return "\n".join(out) + "\n"
 
 
-def verify_table() -> str:
-    """The weight verifier after the eval transition at 4B, sampled and full, pass 1 / pass 2."""
-    rows = _rows("4B")
-
-    def col(key: str) -> list[Any]:
-        return _col(rows, key)
-
-    sample = rows[0]["verify_sample"]
-    return (
-        f"| 4B, 2 x H200, DP=2 | one-pass quantizer | emulated quantizer |\n|---|---:|---:|\n"
-        f"| eval transition | {_ms(col('plugin_prestaged_plainquant_s'))} "
-        f"| {_ms(col('plugin_prestaged_s'))} |\n"
-        f"| verify, sampled ({sample:g} of the blocks) | {_ms(col('verify_plainquant_s'))} "
-        f"| {_ms(col('verify_s'))} |\n"
-        f"| verify, full | {_ms(col('verify_full_plainquant_s'))} | {_ms(col('verify_full_s'))} |\n"
-        f"| **sampled / transition** | **{_ratios(col('ratio_verify_vs_eval'))}** "
-        f"| {_ratios(col('ratio_verify_vs_eval_emulated'))} |\n"
-        f"| peak temporaries, sampled | {_gb(col('verify_plainquant_peak_extra_bytes'))} "
-        f"| {_gb(col('verify_peak_extra_bytes'))} |\n"
-    )
-
-
 def _mib(values: list[int]) -> str:
     return " / ".join(f"{v / 2**20:.0f}" for v in values) + " MiB"
 
 
-def _gb(values: list[int]) -> str:
-    return " / ".join(f"{v / 1e9:.2f}" for v in values) + " GB"
+def _old_verifier_check(name: str) -> bool:
+    """A target of :data:`RESULTS` about the verifier: that run measured it before ``verify/``
+    (no plans, no CUDA graphs, no fused kernel), so its figures no longer describe it."""
+    return "verif" in name
 
 
 def targets_table() -> str:
-    """Every target the benchmark checks, with each pass's value and verdict."""
+    """Every eval-transition target the benchmark checks, with each pass's value and verdict (its
+    verifier targets left out: the verifier's cost has one home, docs/verify.md)."""
     passes = _results()["passes"]
-    names = list(dict.fromkeys(c["check"] for p in passes for c in p["checks"]))
-    out = ["| target | " + " | ".join(f"pass {i + 1}" for i in range(len(passes))) + " |",
-           "|---|" + "---|" * len(passes)]
+    names = [
+        n
+        for n in dict.fromkeys(c["check"] for p in passes for c in p["checks"])
+        if not _old_verifier_check(n)
+    ]
+    out = [
+        "| target | " + " | ".join(f"pass {i + 1}" for i in range(len(passes))) + " |",
+        "|---|" + "---|" * len(passes),
+    ]
     for name in names:
         cells = []
         for p in passes:
@@ -251,6 +237,121 @@ def recipe_names() -> str:
     return ", ".join(f"`{name}`" for name in shipped_recipes())
 
 
+# --------------------------------------------------------------------- defects per release pair
+#: A release number standing alone (not ``core_v0.19.2``, not ``#3007``).
+_VERSION = re.compile(r"(?<![\w.])(\d+)\.(\d+)(?:\.(\d+))?(?![\w.])")
+
+
+def version(text: str) -> tuple[int, int, int]:
+    """``"0.19.2"`` / ``"0.19"`` -> ``(0, 19, 2)`` / ``(0, 19, 0)``."""
+    m = _VERSION.search(text)
+    if not m:
+        raise ValueError(f"no release number in {text!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def fixed_by(defect_id: str) -> tuple[str, list[tuple[int, int, int]]]:
+    """The package whose release fixes the defect and the releases its ``fixed_in`` names for it
+    (B2: the first fixes evals, the last every forced sync); ``("", [])``: not fixed upstream.
+    Read from ``DEFECTS[id].fixed_in``, the one statement of which release fixed what."""
+    text = DEFECTS[defect_id].fixed_in
+    m = re.match(r"megatron-(core|bridge) ", text, re.I)
+    if not m:
+        return "", []
+    own = re.split(r"\(with |;|megatron-(?:core|bridge)|megatron-lm", text[m.end() :], flags=re.I)[0]
+    found = [version(v.group(0)) for v in _VERSION.finditer(own)]
+    return m.group(1).lower(), found
+
+
+def pair_defects(core: str, bridge: str) -> dict[str, bool | None]:
+    """Every defect -> present with this megatron-core release under this Megatron-Bridge
+    release's loop: ``defects_present`` (what ``doctor`` decides from probes) fed with the
+    behaviours each release has by ``fixed_in``."""
+    from types import SimpleNamespace
+
+    from mbridge_mxfp8_plugin.probes.defects import core_defects, defects_present
+
+    have = {"core": version(core), "bridge": version(bridge)}
+    core_side = set(core_defects(None))
+
+    def fixed(defect_id: str, *, first: bool = False) -> bool:
+        package, releases = fixed_by(defect_id)
+        if not releases:
+            return False
+        if package != ("core" if defect_id in core_side else "bridge"):
+            raise ValueError(f"defect {defect_id} is fixed in megatron-{package}, not where its probe looks")
+        return have[package] >= (min(releases) if first else max(releases))
+
+    core_probe = SimpleNamespace(
+        pads_bucket_offsets=fixed("A"), forced_sync_writes_back=fixed("B1"), has_dispatch_reset=fixed("C")
+    )
+    loop = SimpleNamespace(
+        stages_before_eval=fixed("B2", first=True), stages_before_every_forced_sync=fixed("B2")
+    )
+    return defects_present(core_probe, loop, SimpleNamespace(loop_fixes_f=fixed("F")))
+
+
+def release_pairs() -> list[tuple[str, str, str]]:
+    """(megatron-core, Megatron-Bridge, Python) of every release-pair cell CI installs
+    (``requirements/core*.txt``, one per ``.ci/matrix.sh`` cell), oldest first."""
+    pairs = []
+    for req in (ROOT / "requirements").glob("core*.txt"):
+        text = req.read_text(encoding="utf-8")
+        core = re.search(r"^megatron-core==(\S+)", text, re.M)
+        bridge = re.search(r"^megatron-bridge==(\S+)", text, re.M)
+        python = re.search(r"on Python (3\.\d+)", text)
+        if core and bridge and python:
+            pairs.append((core.group(1), bridge.group(1), python.group(1)))
+    return sorted(pairs, key=lambda p: version(p[0]))
+
+
+def _ids(present: dict[str, bool | None], ids: tuple[str, ...]) -> str:
+    return ", ".join(d for d in ids if present[d]) or "none"
+
+
+def release_table() -> str:
+    """Which defects each tested release pair has: doctor's verdict, from ``fixed_in``."""
+    from mbridge_mxfp8_plugin.probes.defects import TRAINING_DEFECTS
+
+    out = [
+        "| megatron-core | Megatron-Bridge | Python | training defects (doctor) "
+        "| E: eval-only jobs | F: first step after a resume |",
+        "|---|---|---|---|---|---|",
+    ]
+    for core, bridge, python in release_pairs():
+        p = pair_defects(core, bridge)
+        mark = {True: "present", False: "fixed", None: "unknown"}
+        training = _ids(p, TRAINING_DEFECTS)
+        out.append(f"| {core} | {bridge} | {python} | {training} | {mark[p['E']]} | {mark[p['F']]} |")
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------ the CLI
+def check_options() -> str:
+    """Every option of ``mxfp8-plugin check``, as its parser defines it."""
+    import argparse
+
+    from mbridge_mxfp8_plugin.commands.cli import build_parser
+
+    parser = build_parser("check")
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["check"]
+    formatter = sub._get_formatter()
+    lines = []
+    for action in sub._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        text = " ".join((action.help or "").split()) % {"default": action.default}
+        lines.append(f"- `{formatter._format_action_invocation(action)}`: {text}")
+    return "\n".join(lines) + "\n"
+
+
+def exit_codes() -> str:
+    """The exit statuses every command shares (``common/exit_codes.py``)."""
+    from mbridge_mxfp8_plugin.common.exit_codes import TABLE
+
+    return "| exit | meaning |\n|---:|---|\n" + "".join(f"| {c} | {m} |\n" for c, m in sorted(TABLE.items()))
+
+
 #: ``mxfp8-plugin check``'s cost (``benchmarks/check_speed.py``).
 CHECK_SPEED = ROOT / "benchmarks" / "results" / "check_speed.json"
 
@@ -272,9 +373,18 @@ def check_speed() -> str:
     )
 
 
-#: The weight verifier's own run (``benchmarks/eval_sync.py verify``, the TE-shaped type), when
-#: one has been committed; until then the verifier figures come from :data:`RESULTS`.
+#: The weight verifier's run (``benchmarks/eval_sync.py verify``, 1 x H200, the TE-shaped type);
+#: every verifier figure of the docs comes from it, rendered into docs/verify.md only.
 VERIFY_RESULTS = ROOT / "benchmarks" / "results" / "verify_te" / "verify_te.json"
+
+
+def _verify_rows() -> list[dict[str, Any]]:
+    return json.loads(VERIFY_RESULTS.read_text())["rows"]
+
+
+def _xspan(values: list[float]) -> str:
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def verify_te_table() -> str:
@@ -285,9 +395,9 @@ def verify_te_table() -> str:
         "**TE's rule** (the emulated TE-rule cast wrote the weights; the check takes the fused kernel):",
         "",
         "| model | core | eval transition (one-pass / emulated) | sampled check | full check "
-        "| sampled / eval | full / eval | first calls / eval (sampled / full) | graphs "
+        "| sampled / eval | full / eval | sampled / full | first calls / eval (sampled / full) | graphs "
         "| full / its floor | extra peak (sampled / full) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in result["rows"]:
         if not r.get("fused"):
@@ -298,6 +408,7 @@ def verify_te_table() -> str:
             f"| {_ms([r['sampled_emulated_s']])} | {_ms([r['full_emulated_s']])} "
             f"| **{r['ratio_sampled_fused_vs_eval_onepass']:.2f}** "
             f"| **{r['ratio_full_fused_vs_eval_onepass']:.2f}** "
+            f"| {r['sampled_emulated_s'] / r['full_emulated_s']:.2f} "
             f"| {r['ratio_sampled_first_round_fused_vs_eval_onepass']:.2f} / "
             f"{r['ratio_full_first_fused_vs_eval_onepass']:.2f} | {graphs} "
             f"| {r['ratio_full_fused_vs_floor']:.2f} "
@@ -308,31 +419,36 @@ def verify_te_table() -> str:
         "**Another rule** (the one-pass stand-in wrote the weights; the kernel is refused at the probe "
         "and the check goes through the type's own write):",
         "",
-        "| model | core | sampled check | full check | sampled / eval | full / eval "
+        "| model | core | sampled check | full check | sampled / eval | full / eval | sampled / full "
         "| first calls / eval (sampled / full) | graphs | extra peak (sampled / full) |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in result["rows"]:
         graphs = "replayed" if r.get("full_onepass_graphs") else "eager"
         out.append(
             f"| {r['size']} | {r['core']} | {_ms([r['sampled_onepass_s']])} | {_ms([r['full_onepass_s']])} "
             f"| {r['ratio_sampled_vs_eval_onepass']:.2f} | {r['ratio_full_vs_eval_onepass']:.2f} "
+            f"| {r['sampled_onepass_s'] / r['full_onepass_s']:.2f} "
             f"| {r['ratio_sampled_first_round_vs_eval_onepass']:.2f} / "
             f"{r['ratio_full_first_vs_eval_onepass']:.2f} | {graphs} "
             f"| {_mib([r['sampled_onepass_peak_extra_bytes'], r['full_onepass_peak_extra_bytes']])} |"
         )
-    out += ["", "| target | result |", "|---|---|"]
-    out += [f"| {name} | {'pass' if ok else '**MISS**'} |" for name, ok in result["checks"]]
+    checks = result["checks"]
+    missed = [name for name, ok in checks if not ok]
+    out += [
+        "",
+        f"Targets checked by the run: {len(checks) - len(missed)} of {len(checks)} pass"
+        + (f"; missed: {'; '.join(missed)}." if missed else "."),
+    ]
     return "\n".join(out) + "\n"
 
 
 def verify_te_ratio() -> str:
-    """The 4B ratios of the newest verifier run, as a sentence fragment."""
-    rows = [r for r in json.loads(VERIFY_RESULTS.read_text())["rows"] if r["size"] == "4B"]
+    """The 4B ratios of the verifier run, as a sentence fragment."""
+    rows = [r for r in _verify_rows() if r["size"] == "4B"]
 
     def span(key: str) -> str:
-        lo, hi = min(r[key] for r in rows), max(r[key] for r in rows)
-        return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+        return _xspan([r[key] for r in rows])
 
     return (
         f"sampled {span('ratio_sampled_fused_vs_eval_onepass')}x, full "
@@ -340,6 +456,42 @@ def verify_te_ratio() -> str:
         f"(params written by TE's rule; another rule: sampled {span('ratio_sampled_vs_eval_onepass')}x, "
         f"full {span('ratio_full_vs_eval_onepass')}x)"
     )
+
+
+def verify_sampled_vs_full() -> str:
+    """What the sampled check costs next to the full one, over every size and release."""
+    rows = _verify_rows()
+    fused = _xspan([r["sampled_emulated_s"] / r["full_emulated_s"] for r in rows if r.get("fused")])
+    own = _xspan([r["sampled_onepass_s"] / r["full_onepass_s"] for r in rows])
+    return f"{fused} of a full one with TE's rule (fused kernel), {own} with another rule"
+
+
+def verify_first_call() -> str:
+    """The first check of a process, which compiles the fused kernel, per release run."""
+    firsts = [r["sampled_emulated_first_s"] for r in _verify_rows() if r["size"] == "4B"]
+    return f"{_span(firsts)} s"
+
+
+def verify_sampled_ms() -> str:
+    """The sampled check's steady-state time at 4B, per rule, over the releases."""
+    rows = [r for r in _verify_rows() if r["size"] == "4B"]
+    fused = _span([1e3 * r["sampled_emulated_s"] for r in rows if r.get("fused")])
+    return f"{fused} ms with TE's rule, {_span([1e3 * r['sampled_onepass_s'] for r in rows])} ms with another"
+
+
+def verify_peak() -> str:
+    """The extra peak memory of a check (sampled or full) in the run, per rule."""
+
+    def mib(quant: str, fused: bool) -> str:
+        peaks = [
+            r[f"{m}_{quant}_peak_extra_bytes"] / 2**20
+            for r in _verify_rows()
+            if not fused or r.get("fused")
+            for m in ("sampled", "full")
+        ]
+        return _span(peaks, 0) + " MiB"
+
+    return f"{mib('emulated', True)} with TE's rule (the fused kernel), {mib('onepass', False)} with another"
 
 
 def layering_tables(source: str) -> tuple[dict[str, int], tuple[str, ...]]:
@@ -377,27 +529,44 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "README.md": {
         "defects": defects_table,
         "hazards": hazards_table,
+        "release-defects": release_table,
         "options": options_yaml,
         "api-calls": api_calls,
-        "verify-te-ratio": verify_te_ratio,
         "recipes": recipe_names,
     },
+    "docs/compatibility.md": {"defects": defects_table, "release-defects": release_table},
     "docs/launch.md": {"options": options_list},
     "docs/megatron-lm.md": {"api-calls": api_calls, "api-example": api_example_block},
     "docs/performance.md": {
         "eval-table": eval_table,
         "targets": targets_table,
-        "verify-table": verify_table,
-        "verify-ratio": verify_ratio,
-        "verify-te-table": verify_te_table,
-        "verify-te-ratio": verify_te_ratio,
         "emulated-ratio": emulated_ratio,
         "hooks-us": hooks_us,
         "host-refresh": host_refresh,
         "plugin-full": plugin_full,
     },
+    "docs/verify.md": {
+        "verify-te-table": verify_te_table,
+        "verify-te-ratio": verify_te_ratio,
+        "verify-sampled-vs-full": verify_sampled_vs_full,
+        "verify-first-call": verify_first_call,
+        "verify-sampled-ms": verify_sampled_ms,
+        "verify-peak": verify_peak,
+    },
     "docs/layout.md": {"layers": layers_table},
-    "docs/check.md": {"check-speed": check_speed, "recipes": recipe_names},
+    "docs/check.md": {
+        "check-speed": check_speed,
+        "recipes": recipe_names,
+        "check-options": check_options,
+        "exit-codes": exit_codes,
+    },
+}
+
+#: Renderers whose figures have one page: rendered anywhere else, they would be a second statement
+#: of a cost that page owns (the verifier's: docs/verify.md; check's: docs/check.md).
+HOMES: dict[Callable[[], str], str] = {
+    **{make: "docs/verify.md" for make in BLOCKS["docs/verify.md"].values()},
+    check_speed: "docs/check.md",
 }
 
 
@@ -433,13 +602,261 @@ def drift() -> list[str]:
     return problems
 
 
+# ------------------------------------------------------------------ contradictions between pages
+# What a block cannot hold: a list or number a page states in its own words. Each check reads every
+# page (README.md, docs/*.md) and names each statement that differs from its source or from
+# another page; ``tests/unit/test_docs_agree.py`` runs them and shows that each one can fail.
+
+
+def pages() -> dict[str, str]:
+    """Every page a user reads: path relative to the repository -> text."""
+    paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in paths}
+
+
+def _prose(text: str) -> str:
+    """``text`` without its rendered blocks: what authors wrote themselves."""
+    return re.sub(r"<!-- ([\w-]+):begin -->.*?<!-- \1:end -->", "", text, flags=re.S)
+
+
+def unregistered_blocks(texts: dict[str, str]) -> list[str]:
+    """A marker pair on a page that ``BLOCKS`` does not render there would never be re-rendered."""
+    return [
+        f"{doc}: block {name!r} is not rendered there (add it to BLOCKS in docs/render.py)"
+        for doc, text in texts.items()
+        for name in re.findall(r"<!-- ([\w-]+):begin -->", text)
+        if name not in BLOCKS.get(doc, {})
+    ]
+
+
+def homeless_figures(texts: dict[str, str]) -> list[str]:
+    """A figure with one home (``HOMES``) rendered on another page, or a verifier figure written
+    by hand outside docs/verify.md."""
+    problems = [
+        f"{doc}: renders {name!r}, whose figures live on {HOMES[make]} only: link there"
+        for doc, blocks in BLOCKS.items()
+        for name, make in blocks.items()
+        if make in HOMES and HOMES[make] != doc
+    ]
+    figure = re.compile(r"\d+(?:\.\d+)?x\b|\d+(?:\.\d+)? ?(?:ms|MiB)\b")
+    for doc, text in texts.items():
+        if doc == "docs/verify.md":
+            continue
+        for line in _prose(text).splitlines():
+            if re.search(r"verif|sampled check|full check", line, re.I) and figure.search(line):
+                problems.append(f"{doc}: a verifier figure outside docs/verify.md: {line.strip()[:100]}")
+    return problems
+
+
+#: A statement of how many tests ran, or how long a test run took (a time on a line about tests).
+_TEST_COUNT = re.compile(r"\b\d[\d,]* (?:passed|failed|skipped|collected|deselected|errors?)\b|\(\d+ tests\)")
+_TEST_RUN = re.compile(r"make (?:test|demo)|test-fast|\btier\b|\bsuite\b|pytest|tests/")
+_TEST_TIME = re.compile(r"\b\d+(?:\.\d+)? ?(?:s|min|minutes?|hours?)\b|\ban hour\b|\ba minute\b")
+
+
+def test_figures_outside_testing(texts: dict[str, str]) -> list[str]:
+    """Test counts and test-run times are stated in docs/testing.md only (the others link)."""
+    problems = []
+    for doc, text in texts.items():
+        if doc == "docs/testing.md":
+            continue
+        lines = text.splitlines()
+        for before, line in zip(["", *lines], lines, strict=False):
+            # a time on a line about tests, or on the line after one (a sentence wraps)
+            m = _TEST_COUNT.search(line) or (
+                _TEST_RUN.search(before + " " + line) and _TEST_TIME.search(line)
+            )
+            if m:
+                problems.append(f"{doc}: {m.group(0)!r}: test counts and times belong in docs/testing.md")
+    return problems
+
+
+#: A recipe name as the docs spell one (``tiny_debug_mxfp8``, ``llama3_8b_mxfp8_pretrain``), not a
+#: module of that shape (``testing.emulated_mxfp8``, ``testing/te_mxfp8.py``).
+_RECIPE = re.compile(r"(?<![\w./])[a-z0-9_]+_mxfp8(?:_pretrain|_launch|_finetune)?\b(?!\.py)")
+
+
+def recipe_mentions(texts: dict[str, str]) -> list[str]:
+    """Every recipe a page names is a file of ``recipes/``, and every recipe list lists them all."""
+    files = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+    problems = []
+    for doc, text in texts.items():
+        for name in sorted(set(_RECIPE.findall(text)) - set(files)):
+            problems.append(f"{doc}: names recipe {name!r}, which recipes/ does not have")
+        for m in _pattern("recipes").finditer(text):
+            listed = re.findall(r"`([\w.-]+)`", m.group(2))
+            if listed != files:
+                problems.append(f"{doc}: its recipe list {listed} is not recipes/*.yaml {files}")
+    return problems
+
+
+def option_mentions(texts: dict[str, str]) -> list[str]:
+    """Every plugin option a page names is a ``PluginOptions`` field, and a YAML block that lists
+    most of them lists all (a partial list that looks whole is a contradiction)."""
+    fields = list(_defaults())
+    problems = []
+    for doc, text in texts.items():
+        named = re.findall(r"(?<![\w.])mxfp8_plugin\.([a-z_]+)\b", text)
+        named += re.findall(r"\bPluginOptions\(([a-z_]+)=", text)
+        problems += [
+            f"{doc}: names option {n!r}, not a PluginOptions field" for n in sorted(set(named) - set(fields))
+        ]
+        for m in re.finditer(r"```yaml\n(?:[^`]*\n)?mxfp8_plugin:\n((?:[ \t]+[^\n]*\n)+)", text):
+            keys = re.findall(r"^[ \t]+([a-z_]+):", m.group(1), re.M)
+            problems += [
+                f"{doc}: YAML sets option {k!r}, not a PluginOptions field" for k in keys if k not in fields
+            ]
+            if len(fields) / 2 < len(keys) < len(fields):
+                missing = [f for f in fields if f not in keys]
+                problems.append(
+                    f"{doc}: a YAML block lists {len(keys)} of the {len(fields)} options without {missing}: "
+                    "render the whole section (options block) or show only a few"
+                )
+    return problems
+
+
+def exit_code_mentions(texts: dict[str, str]) -> list[str]:
+    """Every exit status a page names is one of ``common/exit_codes.py``'s."""
+    from mbridge_mxfp8_plugin.common.exit_codes import TABLE
+
+    problems = []
+    for doc, text in texts.items():
+        for code in re.findall(r"\bexit(?:s|ing)?(?: (?:code|status))? (\d+)\b", text, re.I):
+            if int(code) not in TABLE:
+                problems.append(f"{doc}: names exit status {code}, which common/exit_codes.py does not have")
+    return problems
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _releases(cell: str) -> list[str] | None:
+    """``0.16.1``, ``0.17``, ``0.14 - 0.16``, ``0.4 / 0.5`` -> the releases; None: not a release."""
+    cell = cell.replace("`", "").replace(".x", "").strip()
+    m = re.fullmatch(r"(\d+\.\d+(?:\.\d+)?)(?:\s*-\s*(\d+\.\d+))?", cell)
+    if m and m.group(2):
+        (major, first, _), (_, last, _) = version(m.group(1)), version(m.group(2))
+        return [f"{major}.{minor}" for minor in range(first, last + 1)]
+    if m:
+        return [m.group(1)]
+    parts = [p.strip() for p in cell.split("/")]
+    return parts if len(parts) > 1 and all(re.fullmatch(r"\d+\.\d+(?:\.\d+)?", p) for p in parts) else None
+
+
+#: A pair named in one cell: ``megatron-core 0.14-0.16 + Bridge 0.3.x``.
+_PAIR_CELL = re.compile(r"megatron-core ([\d.x -]+?) \+ (?:Megatron-)?Bridge ([\d.x /]+)", re.I)
+
+
+def release_rows(texts: dict[str, str]) -> list[str]:
+    """Every table row that states which defects a megatron-core / Bridge pair has agrees with
+    :func:`pair_defects` (doctor's verdict from ``fixed_in``), on every page: a "training defects"
+    column lists exactly the present ones of A, B1, B2, C, any other "defects" column exactly the
+    present ones of all, an "E: ..." / "F: ..." column says present or fixed."""
+    from mbridge_mxfp8_plugin.probes.defects import TRAINING_DEFECTS
+
+    problems = []
+    for doc, text in texts.items():
+        for table in re.findall(r"(?:^\|[^\n]*\n)+", text, re.M):
+            lines = table.splitlines()
+            head = [h.lower() for h in _cells(lines[0])]
+            core = next((i for i, h in enumerate(head) if "megatron-core" in h), None)
+            bridge = next((i for i, h in enumerate(head) if "bridge" in h), None)
+            columns = {i: h for i, h in enumerate(head) if "defects" in h or h[:2] in ("e:", "f:")}
+            if not columns:
+                continue
+            for line in lines[2:]:
+                cells = _cells(line)
+                pair = _PAIR_CELL.search(cells[0])
+                if core is not None and bridge is not None:
+                    cores, bridges = _releases(cells[core]), _releases(cells[bridge])
+                elif pair:
+                    cores, bridges = _releases(pair.group(1)), _releases(pair.group(2))
+                else:
+                    continue
+                if not cores or not bridges:
+                    continue
+                for i, head_i in columns.items():
+                    cell = cells[i]
+                    if cell in ("-", ""):
+                        continue
+                    if head_i[:2] in ("e:", "f:"):
+                        ids: tuple[str, ...] = (head_i[0].upper(),)
+                        listed = set(ids) if cell.split()[0] == "present" else set()
+                    else:
+                        ids = TRAINING_DEFECTS if "training" in head_i else tuple(DEFECTS)
+                        listed = set(re.findall(r"\b(A|B1|B2|C|E|F)\b", cell))
+                    for c in cores:
+                        for b in bridges:
+                            want = pair_defects(c, b)
+                            if {d for d in ids if want[d]} != listed & set(ids) or listed - set(ids):
+                                expected = ", ".join(d for d in ids if want[d]) or "none"
+                                problems.append(
+                                    f"{doc}: core {c} + Bridge {b}, {head_i!r}: {cell!r}; doctor's rule on "
+                                    f"fixed_in says {expected}"
+                                )
+    return problems
+
+
+def present_in_rows(texts: dict[str, str]) -> list[str]:
+    """A defect table with a "present in" column lists every defect, and each "present in" cell
+    (``core <= 0.16.1``, ``bridge <= 0.5.x``) ends one minor release before the one ``fixed_in``
+    names for that defect (the last, where it names several)."""
+    problems = []
+    for doc, text in texts.items():
+        for table in re.findall(r"(?:^\|[^\n]*\n)+", text, re.M):
+            lines = table.splitlines()
+            head = [h.lower() for h in _cells(lines[0])]
+            if "id" not in head or "present in" not in head:
+                continue
+            at_id, at_present = head.index("id"), head.index("present in")
+            listed = [_cells(line)[at_id].strip("*` ") for line in lines[2:]]
+            if sorted(listed) != sorted(DEFECTS):
+                problems.append(
+                    f"{doc}: its defect table lists {listed}, probes/defects.py has {list(DEFECTS)}"
+                )
+            for line in lines[2:]:
+                cells = _cells(line)
+                defect = cells[at_id].strip("*` ")
+                m = re.search(r"\b(core|bridge) <= (\d+\.\d+)", cells[at_present], re.I)
+                if defect not in DEFECTS or not m:
+                    continue
+                package, releases = fixed_by(defect)
+                said, fix = version(m.group(2)), max(releases, default=(0, 0, 0))
+                if not releases or m.group(1).lower() != package or said[:2] != (fix[0], fix[1] - 1):
+                    problems.append(
+                        f"{doc}: {defect} present in {m.group(0)!r}, but fixed_in says "
+                        f"{DEFECTS[defect].fixed_in!r}"
+                    )
+    return problems
+
+
+#: Every contradiction check, each ``pages -> problems``.
+CHECKS: tuple[Callable[[dict[str, str]], list[str]], ...] = (
+    unregistered_blocks,
+    homeless_figures,
+    test_figures_outside_testing,
+    recipe_mentions,
+    option_mentions,
+    exit_code_mentions,
+    release_rows,
+    present_in_rows,
+)
+
+
+def contradictions(texts: dict[str, str] | None = None) -> list[str]:
+    """One line per statement that differs from its source or another page; empty when none."""
+    texts = pages() if texts is None else texts
+    return [line for check in CHECKS for line in check(texts)]
+
+
 def main(argv: list[str]) -> int:
     if "--write" in argv:
         for doc, blocks in BLOCKS.items():
             path = ROOT / doc
             new, _ = render(path.read_text(encoding="utf-8"), blocks)
             path.write_text(new, encoding="utf-8")
-    problems = drift()
+    problems = drift() + contradictions()
     for line in problems:
         print(line, file=sys.stderr)
     return 1 if problems else 0

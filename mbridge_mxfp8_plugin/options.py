@@ -69,21 +69,23 @@ class PluginOptions:
     NeMo never stages them itself. Turn off only for a Lightning loop that stages them."""
 
     verify_weights: bool = False
-    """Check the weights after every forced param sync the plugin handles or observes (eval,
-    test, save), after a checkpoint load and at train end: each rank compares the MXFP8 params it
-    owns with the quantization of its fp32 main-param shard, and data-parallel replicas are
-    compared through one small all-reduce (:func:`~mbridge_mxfp8_plugin.verify_weights`). A
-    mismatch raises with ``strict``, else is logged at ERROR. Only reads, so it also guards the
-    releases where the plugin has nothing to fix, and still runs with ``enabled=False``. Costs a
-    sampled read of the owned params per event (``verify_sample``); off by default."""
+    """Check the weights at the events where they must be current and the entry point sees them
+    (eval and test start, checkpoint saves and loads, train end; which ones per entry point, and
+    with ``enabled=False``: docs/verify.md): each rank compares the MXFP8 params it owns with the
+    quantization of its fp32 main-param shard, and data-parallel replicas are compared through one
+    small all-reduce (:func:`~mbridge_mxfp8_plugin.verify_weights`). A mismatch raises with
+    ``strict``, else is logged at ERROR. Only reads, so it also guards the releases where the
+    plugin has nothing to fix. Off by default; what it costs and when to switch it on:
+    docs/verify.md."""
 
     verify_sample: float = DEFAULT_VERIFY_SAMPLE
     """Fraction of the 32-element blocks of each owned param slice that ``verify_weights``
     compares per check (every ``round(1/verify_sample)``-th block, at least one per param, the
     phase rotating each call so the whole model is covered within that many checks); also the
     fraction of rows folded for the replica check. The defects it guards against change nearly
-    every block, so 1/16 finds them at about 1/16 of the full check's reads; ``1.0`` compares
-    every block. Must be in (0, 1]."""
+    every block, so a sample finds them at its first check; ``1.0`` compares every block. Must be
+    in (0, 1]. A sample reads fewer bytes, but its time does not shrink in proportion (measured:
+    docs/verify.md)."""
 
     dp_size: int | None = None
     """Data-parallel size the job will run with; read only by check's padding rule (MX008)."""

@@ -180,7 +180,7 @@ def report(runs: dict[str, DemoRun], out: TextIO = sys.stdout) -> int:
         return _worst([run.eval_losses[it] for it in evals], [ref.eval_losses[it] for it in evals])
 
     print(
-        f"defect B, eval reads stale weights: worst eval-loss error OFF {eval_gap(off):.1e}, "
+        f"defects B1/B2, eval reads stale weights: worst eval-loss error OFF {eval_gap(off):.1e}, "
         f"ON {eval_gap(on):.1e}",
         file=out,
     )

@@ -1,8 +1,10 @@
 """The docs say what their sources say, and their code runs as written.
 
-Numbers and lists that live elsewhere (options, defect and hazard tables, the loop API's calls, the
-GPU benchmark's figures) are rendered into the docs by ``docs/render.py``; these tests fail when a
-rendered block no longer matches its source (fix: ``python docs/render.py --write``). Every Python
+Numbers and lists that live elsewhere (options, defect and hazard tables, the defects of each
+release pair, the loop API's calls, check's options, the exit codes, the GPU benchmark's figures) are
+rendered into the docs by ``docs/render.py``; these tests fail when a rendered block no longer
+matches its source (fix: ``python docs/render.py --write``). What a page states in its own words is
+checked against its source by ``tests/unit/test_docs_agree.py``. Every Python
 snippet must import what it uses: its ``mbridge_mxfp8_plugin`` imports are executed, its upstream
 imports are looked up in the installed sources without importing them (Bridge needs Transformer
 Engine to import). Paths a doc names must exist, and commands must not name files that only a
@@ -192,28 +194,6 @@ def test_wheel_names_carry_the_package_version() -> None:
     for doc in DOCS:
         for version in re.findall(r"mbridge_mxfp8_plugin-([\w.]+)-py3-none-any\.whl", doc.read_text()):
             assert version == __version__, f"{doc.name} names wheel {version}, the package is {__version__}"
-
-
-def _defect_ids(cell: str) -> set[str]:
-    return set(re.findall(r"\b(A|B1|B2|C)\b", cell))
-
-
-def test_readme_do_i_need_it_agrees_with_the_compatibility_table() -> None:
-    """The README's per-pair training defects are docs/compatibility.md's measured rows (E, which
-    that table leaves to eval-only jobs, aside)."""
-    measured: dict[tuple[int, str], set[str]] = {}
-    for line in (ROOT / "docs" / "compatibility.md").read_text().splitlines():
-        m = re.match(r"\| 0\.(\d+)\.\d+ \| (0\.\d+)\.\d+ \| 3\.\d+ \| ([^|]*)\|", line)
-        if m:
-            measured[(int(m.group(1)), m.group(2))] = _defect_ids(m.group(3))
-    readme = (ROOT / "README.md").read_text()
-    pair = r"^\| megatron-core 0\.(\d+)(?:-0\.(\d+)|\.x) \+ Bridge (0\.\d+)\.x \| ([^|]*)\|"
-    rows = re.findall(pair, readme, re.M)
-    assert len(rows) >= 4, rows
-    for first, last, bridge, cell in rows:
-        for minor in range(int(first), int(last or first) + 1):
-            if (minor, bridge) in measured:
-                assert _defect_ids(cell) == measured[(minor, bridge)], (minor, bridge, cell)
 
 
 def test_layout_names_every_layer_module() -> None:
