@@ -15,9 +15,11 @@ message names the file or knob and says what was expected.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from ..common.argtypes import positive_int
@@ -25,7 +27,7 @@ from ..common.exit_codes import EXIT_BAD_INPUT as EXIT_UNREADABLE
 from ..common.exit_codes import EXIT_OK
 from ..common.exit_codes import EXIT_REFUSED as EXIT_ERRORS
 
-__all__ = ["add_check_parser", "run_check"]
+__all__ = ["add_check_parser", "credit", "existing_addition", "run_check"]
 
 
 #: A Hydra override's key: dotted identifiers (``+``/``++`` to add, ``~`` to delete).
@@ -141,6 +143,10 @@ def run_check(
     if isinstance(base, str):
         _emit_unreadable(base, as_json, out, err)
         return EXIT_UNREADABLE
+    present = missing_override(overrides or [], base) or existing_addition(overrides or [], base)
+    if present:
+        _emit_unreadable(present, as_json, out, err)
+        return EXIT_UNREADABLE
     from ..config.validate import validate_config
 
     try:
@@ -172,9 +178,22 @@ def run_check(
     failed = [f.line() for f in report.errors + (report.warnings if fail_on_warning else [])]
     if fail_on_unchecked:
         failed += [f"unchecked {r.rule.id}: {r.note}" for r in report.results if r.status == "n/a"]
+    first = (report.errors + (report.warnings if fail_on_warning else []))[:1]
     if failed and not as_json:
-        err.write(f"{recipe}: {len(failed)} problem(s); first: {failed[0]}\n")
+        where = credit(recipe, overrides or [], first[0]) if first else recipe
+        err.write(f"{where}: {len(failed)} problem(s); first: {failed[0]}\n")
     return EXIT_ERRORS if failed else EXIT_OK
+
+
+def credit(source: Any, overrides: Sequence[str], finding: Any) -> str:
+    """Who wrote the value a finding is about: the command-line override that set its knob (the
+    last one, as Hydra applies them in order), else the file, so the user edits the right place."""
+    knobs = {k.strip() for k in str(finding.knob).split(",")}
+    for text in reversed(list(overrides)):
+        key = text.partition("=")[0].lstrip("+~")
+        if key in knobs or any(k.startswith(key + ".") for k in knobs):
+            return f"override {text!r}"
+    return str(source)
 
 
 def _missing_deletion(deletions: list[str]) -> str | None:
@@ -199,6 +218,64 @@ def _missing_deletion(deletions: list[str]) -> str | None:
             return (
                 f"override '~{key}': {known.owner} has no field {rest!r}, so Bridge's Hydra parse refuses "
                 f"it (\"Could not delete from config. '{key}' does not exist.\"); drop the override"
+            )
+    return None
+
+
+def missing_override(overrides: Sequence[str], base: Any) -> str | None:
+    """A ``section.key=value`` (no ``+``) whose key the section's known class lacks: Hydra, as
+    Bridge and the launcher call it, refuses to override it ("Key ... is not in struct"), so this is
+    input that cannot be applied (exit 2), as for a deletion of a missing key."""
+    from ..probes.fields import section_fields, target_fields
+
+    for text in overrides:
+        if text.startswith(("+", "~")) or "=" not in text:
+            continue
+        key = text.partition("=")[0]
+        section, _, rest = key.partition(".")
+        if not rest or "." in rest or section == "mxfp8_plugin":
+            continue
+        provider = getattr(base, "provider", None) if section == "model" else None
+        if section == "model" and not provider:
+            continue
+        known = target_fields(provider) if provider else section_fields(section)
+        if known.fixed and known.fields is not None and rest not in known.fields:
+            near = difflib.get_close_matches(rest, list(known.fields), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            return (
+                f"override {text!r}: {known.owner} has no field {rest!r}{hint}, so Bridge's Hydra parse "
+                f"refuses it (\"Could not override '{key}'. To append to your config use +{text}\")"
+            )
+    return None
+
+
+def existing_addition(overrides: Sequence[str], base: Any) -> str | None:
+    """A ``+section.key=value`` whose key the job's config already holds a value for: Hydra, as
+    Bridge and the launcher call it, refuses to append it ("Could not append to config"; a key
+    holding None it lets through). Judged where the section's class is known (fixed by the
+    ConfigContainer, or the model provider ``--recipe`` names), the field's default is a literal
+    other than None, and the base recipe's source does not assign it."""
+    from ..probes.fields import MISSING, section_fields, target_fields
+
+    for text in overrides:
+        if not text.startswith("+") or text.startswith("++") or "=" not in text:
+            continue
+        key = text[1:].partition("=")[0]
+        section, _, rest = key.partition(".")
+        if not rest or "." in rest:
+            continue
+        provider = getattr(base, "provider", None) if section == "model" else None
+        known = target_fields(provider) if provider else section_fields(section)
+        if not (known.fixed and known.fields is not None and rest in known.fields):
+            continue
+        field = dict.get(known.fields, rest) if isinstance(known.fields, dict) else None
+        default = getattr(field, "default", MISSING)  # a LazyFields holds Field records
+        assigned = section == "model" and rest in (getattr(base, "model", None) or {})
+        if default is not MISSING and default is not None and not assigned:
+            return (
+                f"override {text!r}: {key} is already a field of {known.owner}, so Bridge's Hydra parse "
+                f"refuses to add it (\"Could not append to config. An item is already at '{key}'\"); "
+                f"drop the + ({text[1:]!r})"
             )
     return None
 

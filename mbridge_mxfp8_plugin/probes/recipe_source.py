@@ -116,7 +116,7 @@ def find_recipe(name: str) -> RecipeSource | None:
     except SyntaxError:
         return None
     provider: str | None = None
-    why = "the recipe does not assign cfg.model itself"
+    why = _NO_MODEL
     model: dict[str, Any] = {}
     names: dict[str, ast.expr] = {}  # ``model_cfg = Provider(...)``; ``cfg.model = model_cfg``
     for node in ast.walk(tree):
@@ -134,7 +134,45 @@ def find_recipe(name: str) -> RecipeSource | None:
             value = _literal(node.value)
             if value is not _SKIP:
                 model[target[2]] = value
+    if provider is None and why == _NO_MODEL:
+        provider, why = _provider_in_helpers(path, tree, depth=2)
     return RecipeSource(func, str(path), provider, why, model, _comm_overlap(path, tree, depth=2))
+
+
+_NO_MODEL = "the recipe does not assign cfg.model itself"
+
+
+def _provider_in_helpers(path: Path, tree: ast.AST, depth: int) -> tuple[str | None, str]:
+    """The provider a ``model=Provider(...)`` keyword constructs in the function (a recipe that
+    builds its ``ConfigContainer(...)`` in one call), else in a helper it calls (see :func:`_helper`)."""
+    names: dict[str, ast.expr] = {}  # ``model = Provider(...)`` ... ``ConfigContainer(model=model)``
+    local: dict[str, str] = {}  # ``from pkg import Provider`` inside the function
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            names[node.targets[0].id] = node.value
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            local.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                value = kw.value
+                if kw.arg != "model":
+                    continue
+                if isinstance(value, ast.Name) and value.id in names:
+                    value = names[value.id]
+                if isinstance(value, ast.Call) and ast.unparse(value.func) in local:
+                    return local[ast.unparse(value.func)], ""
+                if isinstance(value, ast.Call):
+                    return _provider(path, value)
+    if depth > 0:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                found = _helper(path, node.func.id)
+                if found is not None:
+                    provider, why = _provider_in_helpers(found[0], found[1], depth - 1)
+                    if provider is not None or why != _NO_MODEL:
+                        return provider, why
+    return None, _NO_MODEL
 
 
 def _comm_overlap_value(node: ast.expr) -> dict[str, Any] | None | str:

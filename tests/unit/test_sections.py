@@ -19,7 +19,7 @@ from mbridge_mxfp8_plugin.config.validate import validate_config
 @pytest.mark.parametrize(
     ("override", "meant"),
     [
-        ("train.train_iter=2", "train_iters"),
+        ("+train.train_iter=2", "train_iters"),
         ("+checkpoint.sav=/tmp/ckpt", "save"),
         ("+scheduler.lr_warmup_iter=10", "lr_warmup_iters"),
         ("+ddp.overlap_param_gathr=true", "overlap_param_gather"),
@@ -42,9 +42,29 @@ def test_typo_in_any_bridge_section_fails_mx101(override, meant):
 
 @needs_bridge
 def test_correct_keys_of_those_sections_pass():
-    overrides = ["train.train_iters=2", "+checkpoint.save=/tmp/ckpt", "+scheduler.lr_warmup_iters=10"]
+    overrides = ["train.train_iters=2", "+checkpoint.save=/tmp/ckpt", "scheduler.lr_warmup_iters=10"]
     code, out, _ = _run(TINY, overrides)
     assert code == 0, out
+
+
+@needs_bridge
+@pytest.mark.parametrize(
+    ("override", "why"),
+    [
+        ("train.train_iter=2", "has no field 'train_iter' (did you mean 'train_iters'?)"),
+        ("+scheduler.lr_warmup_iters=10", "scheduler.lr_warmup_iters is already a field of"),
+        ("+ddp.use_megatron_fsdp=true", "ddp.use_megatron_fsdp is already a field of"),
+    ],
+)
+def test_an_override_bridges_hydra_parse_refuses_is_unreadable_input(override, why):
+    """Bridge applies overrides with Hydra onto the container, which holds every field of a fixed
+    section's class: a key without ``+`` that is no field, or a ``+`` on a field that holds a value
+    (not None), is refused there ("Could not override", "Could not append"; tested against
+    Bridge's own parse in tests/bridge_real/test_launch_report.py), so check exits 2 as the
+    launcher does, naming the fix; ``+`` on a field that holds None is accepted."""
+    code, out, err = _run(TINY, [override])
+    assert code == 2 and err.count("error: ") == 1 and why in err, out + err
+    assert _run(TINY, ["+ddp.bucket_size=1000"])[0] == 0  # bucket_size defaults to None
 
 
 @needs_bridge
