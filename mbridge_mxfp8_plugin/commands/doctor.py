@@ -13,7 +13,10 @@ where NeMo 2's loop stages, forces syncs and toggles pre-hooks, and each defect 
 users keep the defects and read the table in NeMo's terms, not Bridge's. nemo_toolkit and Lightning
 are found through ``importlib.metadata`` (importing ``nemo`` takes seconds and pulls in torch).
 It also says which other owners of the param sync the installed megatron-core ships
-(Megatron-FSDP, the LayerWise optimizer) and why a job they own gets no engine.
+(Megatron-FSDP, the LayerWise optimizer) and why a job they own gets no engine, and which installed
+packages a ``pip install`` of the plugin (or of anything that resolves Bridge) would replace:
+torch, megatron-core, Bridge or Transformer Engine builds of a container that pip's rule rejects
+(:mod:`mbridge_mxfp8_plugin.probes.pip_replacements` judges; docs/container.md is the fix).
 ``--json`` prints the same report machine-readably. Exit codes: 0 the report is complete
 (defects present are not an error: they are what the plugin repairs), 2 it could not be made (no
 megatron-core installed), with one line on stderr saying so. docs/compatibility.md lists the
@@ -40,6 +43,7 @@ from ..probes.defects import (
     hazards_exposed,
 )
 from ..probes.owners import SyncOwner, probe_owner_files
+from ..probes.pip_replacements import pip_replacements
 from ..probes.resume import probe_resume_files
 from ..probes.versions import package_origin
 
@@ -132,6 +136,7 @@ def diagnose() -> dict[str, Any]:
     report["core"] = core.as_dict() if core else None
     report["hazards"] = _hazards()
     report["owners"] = _owners()
+    report["pip"] = [verdict.as_dict() for verdict in pip_replacements()]
     if core is None:
         report["error"] = (
             "megatron-core is not installed (no megatron/core/distributed/param_and_grad_buffer.py): "
@@ -235,6 +240,8 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
         p(f"  {name:<20} {ver or '-'}")
     if report.get("bridge_origin"):
         p(f"  {'megatron.bridge':<20} {report['bridge_origin']['describe']}")  # where it comes from
+    if report.get("pip"):
+        _render_pip(report["pip"], p)
     loop = report.get("bridge_loop")
     if loop:
         p(f"Megatron-Bridge loop ({loop['source']}):")
@@ -260,6 +267,33 @@ def render(report: dict[str, Any], out: TextIO = sys.stdout) -> None:
         _render_hazards(report["hazards"], p)
     if report.get("owners"):
         _render_owners(report["owners"], p)
+
+
+#: replacement lines and not-installed names shown per install; --json has them all
+_PIP_SHOWN = 8
+
+
+def _render_pip(verdicts: list[dict[str, Any]], p: Any) -> None:
+    p("pip (the installed requirements, judged by pip's rule for an installed version):")
+    for v in verdicts:
+        if v["status"] == "keeps":
+            p(f"  {v['scope']}: keeps every installed package ({v['checked']} requirements checked)")
+            continue
+        replaced = list(dict.fromkeys(r["package"] for r in v["replacements"]))
+        head = f"REPLACES {', '.join(replaced)}" if replaced else "unchecked"
+        p(f"  {v['scope']}: {head}")
+        for r in v["replacements"][:_PIP_SHOWN]:
+            p(f"    {r['line']}")
+        if v["replacements"][_PIP_SHOWN:]:
+            p(f"    and {len(v['replacements']) - _PIP_SHOWN} more (--json lists them)")
+        for reason in v["unchecked"]:
+            p(f"    unchecked: {reason}")
+        if v["added"]:
+            more = len(v["added"]) - _PIP_SHOWN
+            shown = ", ".join(v["added"][:_PIP_SHOWN]) + (f" and {more} more" if more > 0 else "")
+            p(f"    not installed, pip adds an index release (its requirements unread): {shown}")
+        if v["fix"]:
+            p(f"    fix: {v['fix']}")
 
 
 def _render_nemo(nemo: dict[str, Any], p: Any) -> None:
