@@ -87,6 +87,12 @@ class PluginOptions:
     in (0, 1]. A sample reads fewer bytes, but its time does not shrink in proportion (measured:
     docs/verify.md)."""
 
+    verify_accept_unchecked: bool = False
+    """Take a ``verify_weights`` check that could not read an MXFP8 weight's type (NOT CHECKED) as
+    a pass. By default NOT CHECKED is a failure (raised with ``strict``, else logged at ERROR):
+    the check cannot vouch for the weights the defects corrupt. docs/verify.md names the types it
+    reads; turn this on for a type it does not, once you know why."""
+
     dp_size: int | None = None
     """Data-parallel size the job will run with; read only by check's padding rule (MX008)."""
 

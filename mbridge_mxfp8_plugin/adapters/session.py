@@ -191,6 +191,21 @@ class EngineHolder:
         if optimizer is not None:
             self._verify_optimizer = optimizer
 
+    def _warn_unreadable_types(self, report: WeightReport) -> None:
+        """One rank-0 warning per MXFP8 type the check cannot read, the first time it is seen."""
+        warned = self.__dict__.setdefault("_unreadable_types_warned", set())
+        for name in report.unchecked_types:
+            if name not in warned:
+                warned.add(name)
+                log_rank_zero(
+                    logging.WARNING,
+                    "MXFP8 weight check: params of type %s cannot be read (%s); their checks say NOT "
+                    "CHECKED%s. docs/verify.md names the types the check reads.",
+                    name,
+                    next((u for u in report.unchecked), "no reason given"),
+                    " (accepted: verify_accept_unchecked)" if report.accept_unchecked else ", a failure",
+                )
+
     def _verify(
         self,
         event: str,
@@ -226,9 +241,14 @@ class EngineHolder:
         from ..verify import verify_weights
 
         report = verify_weights(
-            chunks, opt, event=f"{event} ({self.framework})", sample=self.options.verify_sample
+            chunks,
+            opt,
+            event=f"{event} ({self.framework})",
+            sample=self.options.verify_sample,
+            accept_unchecked=self.options.verify_accept_unchecked,
         )
         self.last_report = report
+        self._warn_unreadable_types(report)
         if report.ok:
             log_rank_zero(logging.DEBUG, "%s", report.message())
             return report

@@ -40,6 +40,8 @@ class Slot:
     unchecked: str = ""
     differing: int = 0
     worst: float = 0.0
+    #: an MXFP8 weight, with its type's name: where it ends unchecked, the verdict is NOT CHECKED
+    mxfp8_type: str = ""
 
 
 @dataclass

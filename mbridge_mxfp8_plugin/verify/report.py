@@ -53,14 +53,46 @@ class WeightReport:
     sample: float = 1.0
     note: str = ""
     seconds: float = 0.0
+    #: MXFP8 weights compared, and those that could not be read (their type names, in order seen)
+    mxfp8_checked: int = 0
+    mxfp8_unchecked: int = 0
+    unchecked_types: list[str] = field(default_factory=list)
+    #: take NOT CHECKED as a pass (``verify_accept_unchecked``): the user knows the type is unreadable
+    accept_unchecked: bool = False
+
+    def add_unchecked(self, name: str, reason: str, mxfp8_type: str = "") -> None:
+        """An owned param that could not be compared; ``mxfp8_type`` names an MXFP8 weight's type."""
+        self.unchecked.append(f"{name}: {reason}")
+        if mxfp8_type:
+            self.mxfp8_unchecked += 1
+            if mxfp8_type not in self.unchecked_types:
+                self.unchecked_types.append(mxfp8_type)
+
+    @property
+    def verdict(self) -> str:
+        """``wrong`` (a mismatch), ``not checked`` (an MXFP8 weight could not be read: the check
+        cannot vouch for the weights the defects corrupt), else ``ok``."""
+        if self.shard_mismatch_count or self.peer_mismatch_count or self.replica_mismatch_count:
+            return "wrong"
+        return "not checked" if self.mxfp8_unchecked else "ok"
 
     @property
     def ok(self) -> bool:
-        return not (self.shard_mismatch_count or self.peer_mismatch_count or self.replica_mismatch_count)
+        """True only when nothing differs and every MXFP8 weight was read (or ``accept_unchecked``)."""
+        return self.verdict == "ok" or (self.verdict == "not checked" and self.accept_unchecked)
 
     def message(self) -> str:
         """One line for a log: the event, the verdict and the first offending params."""
         head = f"MXFP8 weight check at {self.event}:"
+        if self.verdict == "not checked":
+            owned = self.params_checked + len(self.unchecked)
+            every = " (every MXFP8 weight)" if not self.mxfp8_checked else ""
+            accepted = "; accepted (verify_accept_unchecked)" if self.accept_unchecked else ""
+            return (
+                f"{head} NOT CHECKED: {self.mxfp8_unchecked} of {owned} owned params{every}, MXFP8 "
+                f"weights of type {', '.join(self.unchecked_types)} that the check cannot read "
+                f"(first: {self.unchecked[0]}); {self.params_checked} params compared equal{accepted}"
+            )
         if self.ok:
             unchecked = f"; {len(self.unchecked)} params unchecked" if self.unchecked else ""
             return (
@@ -87,6 +119,11 @@ class WeightReport:
 
     def raise_if_bad(self) -> None:
         """Raise :class:`MXFP8PluginError` with :meth:`message` when the check failed."""
+        if not self.ok and self.verdict == "not checked":
+            raise MXFP8PluginError(
+                self.message() + ". The check cannot vouch for these weights; docs/verify.md names the "
+                "types it reads (verify_accept_unchecked=true takes this as a pass)"
+            )
         if not self.ok:
             raise MXFP8PluginError(
                 self.message() + ". The model computes with weights that are not the optimizer's; "

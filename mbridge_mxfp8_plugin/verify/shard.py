@@ -92,7 +92,7 @@ class ShardCheck:
         slot = len(self.slots)
         if mxfp8:
             blocks, whole = mxfp8_blocks(param, s, e, self.offset, self.stride)
-            self.slots.append(Slot(name, blocks.elements(), (e - s) - whole))
+            self.slots.append(Slot(name, blocks.elements(), (e - s) - whole, mxfp8_type=type(param).__name__))
             item = Item(slot, reader, main, s, blocks, mxfp8_codes=reader.scales is not None)
         else:
             blocks, tail = runs(s, e, self.offset, self.stride)
@@ -309,9 +309,10 @@ class ShardCheck:
         report = self.report
         for slot in self.slots:
             if slot.unchecked:
-                report.unchecked.append(f"{slot.name}: {slot.unchecked}")
+                report.add_unchecked(slot.name, slot.unchecked, slot.mxfp8_type)
                 continue
             report.params_checked += 1
+            report.mxfp8_checked += bool(slot.mxfp8_type)
             report.elements_checked += slot.elements
             report.elements_skipped += slot.skipped
             if slot.differing:

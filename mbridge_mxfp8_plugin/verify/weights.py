@@ -55,6 +55,8 @@ class _Plan:
     note: str
     unchecked: list[str]
     replicated: list[tuple[Any, str, list[torch.Tensor] | None]] = field(default_factory=list)
+    #: the walk's unchecked MXFP8 weights: how many, and their types
+    unchecked_mxfp8: tuple[int, list[str]] = (0, [])
     device: Any = None
 
 
@@ -126,6 +128,7 @@ def verify_weights(
     max_names: int = 5,
     sample: float = DEFAULT_VERIFY_SAMPLE,
     offset: int | None = None,
+    accept_unchecked: bool = False,
 ) -> WeightReport:
     """Check that the params equal their quantized fp32 main params, and that replicas agree.
 
@@ -145,12 +148,16 @@ def verify_weights(
     calls, because the sampled phase rotates with ``offset`` (default: this process's call
     count, the same on every rank as long as every rank makes the same calls). ``sample=1.0``
     compares every block.
+
+    An MXFP8 weight whose type the check cannot read makes the verdict ``not checked``, which is
+    not ``ok`` (nor ``raise_if_bad``'s pass) unless ``accept_unchecked``: the weights the defects
+    corrupt are the ones it could not vouch for.
     """
     t0 = time.perf_counter()
     stride = stride_of(sample)
     if offset is None:
         offset = next(_CALLS)
-    report = WeightReport(event=event, sample=1.0 / stride)
+    report = WeightReport(event=event, sample=1.0 / stride, accept_unchecked=accept_unchecked)
     chunks = _model_chunks(model_chunks)
     from megatron.core import fp8_utils
 
@@ -165,6 +172,10 @@ def verify_weights(
     if plan is not None:
         plan.check.restart(report)
         report.unchecked.extend(plan.unchecked)
+        report.mxfp8_unchecked, report.unchecked_types = (
+            plan.unchecked_mxfp8[0],
+            list(plan.unchecked_mxfp8[1]),
+        )
         report.note = plan.note
     else:
         plan = _make_plan(chunks, optimizer, report, atol, stride, offset, layout or _Layout(()))
@@ -254,6 +265,7 @@ def _make_plan(
     plan = _Plan(check, report.note, [])
     _walk(chunks, owned, plan, layout)
     plan.unchecked = list(report.unchecked)
+    plan.unchecked_mxfp8 = (report.mxfp8_unchecked, list(report.unchecked_types))
     return plan
 
 
@@ -291,17 +303,30 @@ def _walk(chunks: list[Any], owned: dict[Any, Owned], plan: _Plan, layout: _Layo
                     reason = _unchecked_reason(param, own, fp8, mxfp8)
                     reason = reason or (reader if isinstance(reader, str) else "")
                     if reason:
-                        check.report.unchecked.append(f"{name}: {reason}")
+                        check.report.add_unchecked(name, reason, type(param).__name__ if mxfp8 else "")
                     else:
                         check.add(name, param, reader, own, mxfp8)  # type: ignore[arg-type]
                 if replicated:
                     source = fold_sources(param, reader)
                     plan.device = source[0].device
             except Exception as exc:  # noqa: BLE001 - a rank must still join the all-reduce
-                check.report.unchecked.append(f"{name}: {type(exc).__name__}: {exc}")
+                quantized = _is_quantized(param)
+                check.report.add_unchecked(
+                    name, f"{type(exc).__name__}: {exc}", type(param).__name__ if quantized else ""
+                )
                 check.reusable = False
             if replicated:
                 plan.replicated.append((group, name, source))
+
+
+def _is_quantized(param: Any) -> bool:
+    """Whether megatron-core calls ``param`` MXFP8, asked again where the walk itself failed."""
+    from megatron.core import fp8_utils
+
+    try:
+        return bool(fp8_utils.is_mxfp8tensor(param))
+    except Exception:  # noqa: BLE001 - unknown is counted as an MXFP8 weight: never a silent pass
+        return True
 
 
 def _plain(param: Any) -> torch.Tensor:

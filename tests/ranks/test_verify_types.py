@@ -179,6 +179,9 @@ def _scenario() -> dict[str, Any]:
         out["swizzled"] = swizzled and verify_weights(job.model, job.optimizer, event="swz", sample=1.0)
         # The same call again reuses the plan: still unchecked, with the same reasons.
         out["swizzled_again"] = swizzled and verify_weights(job.model, job.optimizer, event="swz", sample=1.0)
+        out["swizzled_accepted"] = swizzled and verify_weights(
+            job.model, job.optimizer, event="swz", sample=1.0, accept_unchecked=True
+        )
     # One rank's copy drifts where it owns nothing (rank 1 changes a block of rank 0's slice):
     # only the replica check can see it.
     if rank == 1:
@@ -266,18 +269,30 @@ def test_one_rank_drift_caught_and_named_on_every_rank(runs: list[dict[str, Any]
         assert rep.shard_mismatch_count == 0  # neither owner's slice changed
 
 
-def test_an_unreadable_layout_is_unchecked_never_wrong(runs: list[dict[str, Any]]) -> None:
-    """TE-shaped params whose scales claim a GEMM-swizzled layout: listed unchecked with the
-    reason, the verdict stays OK; a drifted replica is still found through the codes."""
+def test_an_unreadable_layout_is_not_checked_never_wrong_and_never_ok(runs: list[dict[str, Any]]) -> None:
+    """TE-shaped params whose scales claim a GEMM-swizzled layout: every MXFP8 weight listed
+    unchecked with the reason, and the verdict NOT CHECKED, which is neither WRONG nor a pass
+    (``ok`` false, ``raise_if_bad`` raises) unless accepted; the reused plan says the same; a
+    drifted replica is still found through the codes."""
+    from mbridge_mxfp8_plugin.errors import MXFP8PluginError
+
     name = runs[0]["te"]["corrupt_name"]
     for r in runs:
         rep = r["te"]["swizzled"]
-        assert rep.ok and rep.shard_mismatch_count == 0, rep.message()
+        assert rep.verdict == "not checked" and not rep.ok and rep.shard_mismatch_count == 0, rep.message()
         assert rep.unchecked and all("swizzled" in line for line in rep.unchecked), rep.unchecked
-        assert f"{len(rep.unchecked)} params unchecked" in rep.message()
+        assert rep.mxfp8_unchecked == len(rep.unchecked) and rep.unchecked_types == ["TEShapedMXFP8Tensor"]
+        assert "NOT CHECKED" in rep.message() and "OK" not in rep.message(), rep.message()
+        with pytest.raises(MXFP8PluginError, match="NOT CHECKED.*verify_accept_unchecked"):
+            rep.raise_if_bad()
         again = r["te"]["swizzled_again"]
-        assert again.ok and again.unchecked == rep.unchecked, again.message()
+        assert again.verdict == "not checked" and again.unchecked == rep.unchecked, again.message()
+        assert again.mxfp8_unchecked == rep.mxfp8_unchecked and again.unchecked_types == rep.unchecked_types
+        accepted = r["te"]["swizzled_accepted"]
+        assert accepted.ok and "accepted" in accepted.message(), accepted.message()
+        accepted.raise_if_bad()
         drift = r["te"]["swizzled_drift"]
         assert not drift.ok and drift.replica_mismatches == [name], drift.message()
     assert all(r[kind]["swizzled"] is False for r in runs for kind in ("values", "ocp"))
     assert all(r[kind]["swizzled_again"] is False for r in runs for kind in ("values", "ocp"))
+    assert all(r[kind]["swizzled_accepted"] is False for r in runs for kind in ("values", "ocp"))

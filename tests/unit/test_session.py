@@ -131,7 +131,7 @@ def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
 
     calls, samples = [], []
 
-    def fake_verify(chunks, optimizer, *, event, sample):
+    def fake_verify(chunks, optimizer, *, event, sample, accept_unchecked):
         calls.append(event)
         samples.append(sample)
         return WeightReport(event, shard_mismatches=[ParamMismatch("w", 1.0, 3)], shard_mismatch_count=1)
@@ -159,3 +159,37 @@ def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
     assert len(errors) == (0 if strict else 1)
     if not strict:
         assert "on_eval_start (Bridge): WRONG" in errors[0].getMessage()
+
+
+@pytest.mark.parametrize("accept", [False, True], ids=["default", "accepted"])
+def test_an_unreadable_mxfp8_type_is_a_failure_named_once_unless_accepted(caplog, monkeypatch, accept):
+    """A check that could read no MXFP8 weight is NOT CHECKED: under strict it raises like a
+    mismatch (never a silent OK), one rank-0 WARNING names the type the first time it is seen,
+    and ``verify_accept_unchecked`` takes it as a pass (logged at DEBUG, no raise)."""
+    import mbridge_mxfp8_plugin.adapters.session as adapter
+    import mbridge_mxfp8_plugin.verify as verify
+    from mbridge_mxfp8_plugin import MXFP8PluginError
+    from mbridge_mxfp8_plugin.verify import WeightReport
+
+    def fake_verify(chunks, optimizer, *, event, sample, accept_unchecked):
+        report = WeightReport(event, params_checked=3, accept_unchecked=accept_unchecked)
+        for name in ("w1", "w2"):
+            report.add_unchecked(name, "values behind __torch_dispatch__", "OpaqueMXFP8")
+        return report
+
+    monkeypatch.setattr(verify, "verify_weights", fake_verify)
+    monkeypatch.setattr(adapter, "distributed_optimizers", lambda opt: [opt])
+    chunk, optimizer = BucketlessChunk(), object()
+    sync = mxfp8_param_sync(
+        [chunk], optimizer, enabled=False, verify_weights=True, verify_accept_unchecked=accept
+    )
+    with caplog.at_level(logging.DEBUG, logger="mbridge_mxfp8_plugin"):
+        for event in ("eval 1", "eval 2"):
+            if accept:
+                report = sync._verify(event, [chunk], optimizer)
+                assert report is not None and report.ok and report.verdict == "not checked"
+            else:
+                with pytest.raises(MXFP8PluginError, match=r"NOT CHECKED: 2 of 5 owned params.*OpaqueMXFP8"):
+                    sync._verify(event, [chunk], optimizer)
+    warnings = [r.getMessage() for r in caplog.records if logging.WARNING <= r.levelno < logging.ERROR]
+    assert len(warnings) == 1 and "OpaqueMXFP8" in warnings[0] and "docs/verify.md" in warnings[0], warnings
