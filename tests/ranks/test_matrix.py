@@ -221,26 +221,6 @@ def test_eval_only_job() -> None:
     assert all(_close(res["plugin"].eval_losses[k], ref[k]) for k in ref), (res["plugin"].eval_losses, ref)
 
 
-def test_replica_loop_order_agrees_with_installed_bridge_source() -> None:
-    """The replica's per-release switches, checked against the installed Bridge's own train.py/eval.py."""
-    from harness.bridge_loop import loop_order, replica_release
-
-    from mbridge_mxfp8_plugin.probes import probe_bridge_files
-
-    try:
-        installed = metadata.version("megatron-bridge")
-    except metadata.PackageNotFoundError:
-        pytest.skip("no megatron-bridge installed")
-    probe = probe_bridge_files()
-    assert probe is not None
-    order = loop_order(replica_release(installed))  # a newer Bridge (main) must keep the newest order
-    assert probe.on_train_start_before_initial_disable == order.on_train_start_before_disable
-    assert probe.stages_before_eval == (order.stage_before_eval or order.optimizer_prepares_sync)
-    assert probe.stages_before_every_forced_sync == order.optimizer_prepares_sync
-    assert probe.on_eval_start_after_model_eval == order.eval_events_inside_evaluate
-    assert probe.fires_on_checkpoint_save == order.fires_on_checkpoint_save
-
-
 def test_loop_api_is_passive_with_a_loop_that_stages() -> None:
     """Issue 20: megatron-core >= 0.19 (writes forced gathers back, resets the dispatch state,
     ``prepare_model_params_for_param_sync``) with a loop that stages before every forced sync

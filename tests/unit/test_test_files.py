@@ -30,8 +30,8 @@ ROOT_ALIASES = {"lightning", "recipes", "launch"}  # re-exports of adapters/ and
 #: A name two rooms share, given bare to one module; the others carry their room in the file name.
 CLAIMS = {
     "hazards": "config.rules.hazards",  # test_hazards.py; the probe: test_probes_hazards.py
-    "resume": "engine.resume",  # tests/ranks/test_resume.py; probes/resume.py is exempt below
-    "read": "verify.read",  # test_read.py (PENDING); config/read.py: test_config_read.py
+    "resume": "engine.resume",  # tests/ranks/test_resume.py; probes/resume.py: test_probes_resume.py
+    "read": "verify.read",  # test_read.py; config/read.py: test_config_read.py
 }
 
 #: Private module -> the public module whose tests cover it.
@@ -46,36 +46,12 @@ PRIVATE = {
 }
 
 #: Modules whose test file another change in progress brings (remove the entry when it lands).
-PENDING = {
-    "verify.read": "tests/unit/test_read.py: the verify/ split moves the reader's tests there",
-}
+PENDING: dict[str, str] = {}
 
 #: Modules with no direct test, and why. Keep it short: a module that has tests somewhere gets a
-#: file of its own by moving them there, not an entry here.
-EXEMPT = {
-    # Exception classes only: raised, and matched by message, in nearly every test.
-    "errors": "exception classes; every refusal test matches one",
-    # Data classes the reader fills and the rules read; no behaviour of their own.
-    "config.values": "the reader's value records; every config test reads through them",
-    "engine.applies": "decided once per job; asserted through the engine (test_sync.py's passive "
-    "tests) and in every cell by tests/ranks/test_sync_owners.py",
-    "engine.plan": "the engine's copy plans, built and run only by engine/sync.py (test_sync.py)",
-    "mcore.layout": "megatron-core's private layout, read on real core by every tests/ranks test; "
-    "test_layering.py checks it is the one reader",
-    "probes.loops": "read from the installed Bridge by tests/ranks/test_matrix.py's loop-order test "
-    "in every cell",
-    "probes.resume": "its verdict on F is test_defects.py's; doctor's reading of it test_doctor.py's",
-    "testing.megatron_lm_loop": "the Megatron-LM steps tests/ranks/test_loop.py and the verifier's "
-    "cases (harness/verify_cases.py) run, against a reference",
-    "testing.te_quantized": "the wrapper half of the TE-shaped type, tested through it in test_te_mxfp8.py",
-    "verify.report": "the report every verifier test asserts on (tests/ranks/test_weights.py, "
-    "test_replica.py: message, raise_if_bad)",
-    # New modules of the verify/ split (f0d6fdf), tested through the shard check and verify_weights.
-    "verify.batches": "through ShardCheck (test_shard.py) and verify_weights (tests/ranks/test_weights.py)",
-    "verify.graphs": "CUDA-graph capture, used by ShardCheck on CUDA only (its refusal on CPU runs in "
-    "test_shard.py)",
-    "verify.probe": "through ShardCheck (test_shard.py) and verify_weights (tests/ranks/test_weights.py)",
-}
+#: file of its own by moving them there, not an entry here. Empty: every module has its file
+#: (even ``errors`` and ``config.values``: the hierarchy and the records users and rules rely on).
+EXEMPT: dict[str, str] = {}
 
 
 def _modules() -> list[tuple[str, ...]]:
