@@ -3,14 +3,17 @@
 The pool and the side stream are per device, not per plan: kept plans replay one at a time, so
 one pool holds one batch's intermediates for all of them, and the allocator reuses a freed block
 only on the stream that allocated it. A capture that fails may leave the allocator routing that
-stream's allocations into the pool; it is undone once and no other capture is tried in the
-process, since what a type's write path does under capture does not change between calls.
+stream's allocations into the pool; that is undone, and no plan holding one of the failed plan's
+write paths (its batch keys: the param type, its quantizer, how its blocks are read) is captured
+again in the process, since what a type's write path does under capture does not change between
+calls. A plan of other types still is: one type whose write syncs with the host does not cost
+every other plan its replay.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import torch
@@ -21,30 +24,31 @@ _T = TypeVar("_T")
 
 _POOLS: dict[int, Any] = {}
 _STREAMS: dict[int, Any] = {}
-#: Why captures are off for this process, once one failed: a failed capture may leave the
-#: allocator routing the side stream's allocations to the pool, so no other is attempted.
-_GRAPHS_OFF: list[str] = []
+#: Write paths (batch keys) whose capture failed in this process, and why.
+_GRAPHS_OFF: dict[Any, str] = {}
 
 
 class Uncapturable(Exception):
     """The compares could not be captured; the message is why (captures are then off)."""
 
 
-def refusal() -> str:
-    """Why no capture may be tried in this process ('' where one may)."""
+def refusal(paths: Collection[Any] = ()) -> str:
+    """Why a plan of these write paths may not be captured ('' where it may)."""
     if os.environ.get("MXFP8_VERIFY_CUDA_GRAPH", "1") == "0":
         return "MXFP8_VERIFY_CUDA_GRAPH=0"
-    if _GRAPHS_OFF:  # one failed capture turns them off for the process
-        return _GRAPHS_OFF[0]
+    for path in paths:
+        if path in _GRAPHS_OFF:
+            return _GRAPHS_OFF[path]
     return ""
 
 
-def capture(record: Callable[[], _T]) -> tuple[Any, _T]:
+def capture(record: Callable[[], _T], paths: Collection[Any] = ()) -> tuple[Any, _T]:
     """The CUDA graph of what ``record`` launches, and what it returned (tensors of the graph).
 
     Not ``torch.cuda.graph``: its entry empties the allocator's cache (and collects garbage),
     which would cost the training job its cached blocks at every capture. Raises
-    :class:`Uncapturable` after undoing what the failed capture left."""
+    :class:`Uncapturable` after undoing what the failed capture left; ``paths`` (the plan's
+    quantized write paths, where it has any) are then not captured again."""
     graph = torch.cuda.CUDAGraph()
     stream, caller = _capture_stream(), torch.cuda.current_stream()
     stream.wait_stream(caller)
@@ -60,7 +64,8 @@ def capture(record: Callable[[], _T]) -> tuple[Any, _T]:
         caller.wait_stream(stream)
         _end_allocating_to_pool()
         reason = f"not capturable ({type(exc).__name__}: {exc})"
-        _GRAPHS_OFF.append(reason)
+        for path in paths:
+            _GRAPHS_OFF.setdefault(path, reason)
         raise Uncapturable(reason) from exc
     return graph, out
 

@@ -195,11 +195,18 @@ class ShardCheck:
             return False
         if not self.planned or not self.planned[0].items[0].main.is_cuda:
             return False
-        refusal = graphs.refusal()
+        refusal = graphs.refusal(self._write_paths())
         if refusal:
             self.no_graph = refusal
             return False
         return not torch.cuda.is_current_stream_capturing()
+
+    def _write_paths(self) -> frozenset[Any]:
+        """The plan's batch keys that may fail a capture: its quantized types' (their own write,
+        a host sync in it, is what fails), or every key where it has none."""
+        keys = frozenset(batch.key for batch in self.planned)
+        quantized = frozenset(k for k in keys if k[0] or k[4] is not type(None))
+        return quantized or keys
 
     def _capture(self) -> None:
         """Capture every compare of the plan as one CUDA graph and replay it.
@@ -222,7 +229,7 @@ class ShardCheck:
             return torch.stack([v for _, v in self.verdicts])
 
         try:
-            graph, stacked = graphs.capture(record)
+            graph, stacked = graphs.capture(record, self._write_paths())
         except graphs.Uncapturable as exc:  # eager compares judge the same
             self.no_graph = str(exc)
             self.verdicts = []
