@@ -31,7 +31,6 @@ cannot be read (arguments, a missing file) or a missing package, one ``error:`` 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import importlib
 import importlib.util
@@ -39,8 +38,7 @@ import inspect
 import logging
 import os
 import sys
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +48,8 @@ from ..common.log import log_rank_zero, show_plugin_messages
 from ..config.read import RecipeError, RecipeInput, compose, merge_onto_container, plugin_section
 from ..errors import MXFP8ConfigError
 from ..options import PLUGIN_SECTION, PluginOptions
-from .check import credit
+from .held_imports import ImportFailed, held_import_output
+from .launch_check import CheckRefused, check_inputs, container_facts
 
 __all__ = ["Launch", "LaunchError", "main", "plugin_options", "prepare"]
 
@@ -61,11 +60,6 @@ _FINETUNE_WORDS = ("finetune", "sft", "peft", "lora")
 
 class LaunchError(MXFP8ConfigError):
     """Bad launcher input or a missing package: one line naming the flag or key, the value, and the fix."""
-
-
-class CheckRefused(MXFP8ConfigError):
-    """``check``'s error on the launcher's inputs (a key or a value it knows to be wrong, or, under
-    ``strict``, any rule error): exit 1, as ``check`` exits on the same inputs, not 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -229,157 +223,10 @@ def plugin_options(config_file: str | Path | None, overrides: Sequence[str] = ()
     return _options_of(compose([config_file] if config_file is not None else [], overrides))
 
 
-def _base_recipe(name: str) -> Any:
-    """The recipe function's source facts for ``check``'s input rules (read, not imported), or
-    None where the recipe is the user's own or its source says nothing."""
-    from ..probes.recipe_source import find_recipe
-
-    try:
-        return find_recipe(name.replace(":", "."))
-    except Exception:  # noqa: BLE001 - a reader of upstream source: no verdict is "not known"
-        return None
-
-
-def _container_facts(config: Any, recipe_name: str) -> Any:
-    """The recipe's facts as ``check --recipe`` reads them from source, but off the built
-    container: its model class and ``comm_overlap`` section, and the model knobs it holds."""
-    from ..probes.recipe_source import recipe_facts
-
-    facts = recipe_facts(config, recipe_name)
-    model = getattr(config, "model", None)
-    fields = getattr(model, "__dataclass_fields__", {})
-    scalars = {k: getattr(model, k, None) for k in fields}
-    facts.model.update(
-        {k: v for k, v in scalars.items() if v is None or isinstance(v, (bool, int, float, str))}
-    )
-    return facts
-
-
-def _check_input(
-    recipe: RecipeInput, overrides: Sequence[str], options: PluginOptions, recipe_name: str, base: Any = None
-) -> Any:
-    """``check``'s rules on the file and overrides: a key or a type it knows to be wrong cannot be
-    applied faithfully, so it stops the launch here, in a second, with the first error. Run again
-    once the recipe function has built its container, with ``base`` read off that container (its
-    model class, its ``comm_overlap``): ``check --recipe`` reads the same facts from the source."""
-    from ..config.validate import validate_config
-
-    report = validate_config(
-        recipe.data,
-        dp_size=options.dp_size,
-        strict=False,
-        skipped=recipe.not_checked(),
-        base_recipe=_base_recipe(recipe_name) if base is None else base,
-    )
-    structural = [f for f in report.errors if f.rule.startswith("MX1")]
-    if structural:
-        more = (
-            f" (and {len(structural) - 1} more: mxfp8-plugin check shows them all)" if structural[1:] else ""
-        )
-        raise CheckRefused(f"{credit(recipe.path, overrides, structural[0])}: {structural[0].line()}{more}")
-    return report
-
-
 # --------------------------------------------------------------------------- names -> objects
-class _ImportFailed(LaunchError):
+class _ImportFailed(LaunchError, ImportFailed):
     """An import of Bridge, the recipe or the forward step failed (one line already says which
-    package): :func:`_held_import_output` drops the import output it held."""
-
-
-def _transformer_engine_missing() -> bool:
-    """No ``transformer_engine`` on ``sys.path``: ``find_spec`` on a top-level name runs no TE
-    code, so a TE that is present but broken (its CUDA libraries) counts as present here."""
-    try:
-        return importlib.util.find_spec("transformer_engine") is None
-    except (ImportError, ValueError):  # a module without __spec__ in sys.modules: not missing
-        return False
-
-
-class _HeldStderr:
-    """``sys.stderr`` while the imports run: keeps what is written (text, and warnings as
-    :class:`warnings.WarningMessage`) until :meth:`release`, then writes through to the stream it
-    replaced. A handler made during the imports (torch's loggers bind ``sys.stderr`` then) keeps
-    this object as its stream, so after the release it still reaches the real one."""
-
-    def __init__(self, real: Any) -> None:
-        self._real = real
-        self.held: list[str | warnings.WarningMessage] | None = []
-
-    def write(self, text: str) -> int:
-        if self.held is None:
-            return int(self._real.write(text))
-        self.held.append(text)
-        return len(text)
-
-    def flush(self) -> None:
-        if self.held is None:
-            self._real.flush()
-
-    def hold_warning(self, *args: Any, **kwargs: Any) -> None:
-        """``warnings.showwarning`` while held: the warning itself, to tell TE's apart."""
-        if self.held is None:
-            return
-        self.held.append(warnings.WarningMessage(*args, **kwargs))
-
-    def release(self, show: bool) -> list[str | warnings.WarningMessage]:
-        held, self.held = self.held or [], None
-        for item in held if show else ():
-            if isinstance(item, str):
-                self._real.write(item)
-            else:
-                warnings.showwarning(item.message, item.category, item.filename, item.lineno, item.file)
-        return held
-
-    def __getattr__(self, name: str) -> Any:  # encoding, fileno, isatty, buffer, ...
-        return getattr(self._real, name)
-
-
-def _about_te(item: str | warnings.WarningMessage) -> bool:
-    """A warning that Transformer Engine is missing: what the ``error:`` line says too."""
-    if isinstance(item, str):
-        return False
-    text = str(item.message).lower()
-    return "transformer engine" in text or "transformer_engine" in text
-
-
-@contextlib.contextmanager
-def _held_import_output() -> Iterator[None]:
-    """Where Transformer Engine is not installed, megatron-core warns as Bridge imports it, once
-    per module, that TE and Apex are missing (4 UserWarnings, 8 lines, with core 0.16; Bridge 0.6
-    also logs a traceback it catches), and then Bridge's import fails on TE and the launcher's
-    ``error:`` line says so: all that output only restates it, above it. So stderr is held while
-    the imports run: dropped when one fails (one note line counts what was not about TE), written
-    out as it came when they succeed (a Bridge that imports without TE). Nothing is held where TE
-    is installed, nor where the user set warning filters (``-W``; ``PYTHONWARNINGS=default`` shows
-    it all)."""
-    if sys.warnoptions or not _transformer_engine_missing():
-        yield
-        return
-    real = sys.stderr
-    hold = _HeldStderr(real)
-    failed: _ImportFailed | None = None
-    try:
-        with warnings.catch_warnings():
-            warnings.showwarning = hold.hold_warning
-            sys.stderr = hold  # type: ignore[assignment]
-            try:
-                yield
-            except _ImportFailed as exc:
-                failed = exc
-            finally:
-                if sys.stderr is hold:
-                    sys.stderr = real
-    finally:
-        held = hold.release(show=failed is None)  # an exception that is not ours: shown, as a success
-    if failed is None:
-        return
-    warned = sum(1 for item in held if not isinstance(item, str) and not _about_te(item))
-    logged = sum(len(item.strip().splitlines()) for item in held if isinstance(item, str))
-    if not warned and not logged:
-        raise failed
-    counts = f"{warned} other import warning{'s' * (warned != 1)}, {logged} log line{'s' * (logged != 1)}"
-    note = f"(held back: {counts}; PYTHONWARNINGS=default shows them)"
-    raise _ImportFailed(f"{failed}\n{note}") from None
+    package): :func:`.held_imports.held_import_output` drops the import output it held."""
 
 
 def _import(module: str, what: str) -> Any:
@@ -467,18 +314,18 @@ def prepare(argv: Sequence[str]) -> Launch:
             )
     early = compose(files, rest)  # no recipe yet: what only the recipe decides is left unchecked
     options = _options_of(early)
-    file_report = _check_input(early, rest, options, args.recipe)
+    file_report = check_inputs(early, rest, options, args.recipe)
     mode = args.mode or ("finetune" if any(w in args.recipe.lower() for w in _FINETUNE_WORDS) else "pretrain")
-    with _held_import_output():  # no Transformer Engine: its absence is said once, not 8 times
+    with held_import_output():  # no Transformer Engine: its absence is said once, not 8 times
         make_config = recipe_function(args.recipe)
         entry = _entry(mode)
         if mode == "finetune" and options.enabled:  # refuse before the (long) config build
             _check_finetune_takes_callbacks(entry, ["plugin"])
         forward_step = forward_step_function(args.forward_step)
         config = _build_config(make_config, args.recipe)
-    base = _container_facts(config, args.recipe)  # what the recipe function set, before the merge
+    base = container_facts(config, args.recipe)  # what the recipe function set, before the merge
     merge_onto_container(config, files, rest)
-    file_report = _check_input(early, rest, options, args.recipe, base=base)
+    file_report = check_inputs(early, rest, options, args.recipe, base=base)
     callbacks: list[Any] = []
     if options.enabled:
         from ..adapters.bridge import MXFP8ParamSyncCallback

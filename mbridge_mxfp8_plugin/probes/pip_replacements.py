@@ -249,6 +249,18 @@ def judge_install(root: str, scope: str, path: Sequence[str] | None = None) -> P
     return _judge(_Index(path), root, scope)
 
 
+def _replacement(target: Any, installed: str, version: Any, req: Any, via: tuple[str, ...]) -> Replacement:
+    """What pip would do to ``target`` for ``req``: replace it, and why in words."""
+    return Replacement(
+        package=_field_of(target, "Name") or req.name,
+        installed=installed,
+        requirement=f"{req.name}{req.specifier}",
+        required_by=via[-1],
+        via=via,
+        why=_why(version, installed, req.specifier),
+    )
+
+
 def _judge(index: _Index, root: str, scope: str) -> PipVerdict:
     try:
         from packaging.requirements import InvalidRequirement, Requirement
@@ -306,19 +318,8 @@ def _judge(index: _Index, root: str, scope: str) -> PipVerdict:
                 if req.specifier.contains(version, prereleases=True):
                     queue.append((target, frozenset(req.extras), (*via, _label(target))))
                     continue
-                spec = str(req.specifier)
-                key = (_canon(req.name), spec, via[-1])
-                replacements.setdefault(
-                    key,
-                    Replacement(
-                        package=_field_of(target, "Name") or req.name,
-                        installed=installed,
-                        requirement=f"{req.name}{spec}",
-                        required_by=via[-1],
-                        via=via,
-                        why=_why(version, installed, req.specifier),
-                    ),
-                )
+                key = (_canon(req.name), str(req.specifier), via[-1])
+                replacements.setdefault(key, _replacement(target, installed, version, req, via))
     # the container's CUDA builds first: those are the replacements that cost a working stack
     ordered = sorted(replacements.values(), key=lambda r: not r.container_build)
     return PipVerdict(

@@ -240,3 +240,39 @@ def test_the_layout_grep_sees_both_forms_of_a_read() -> None:
         "expert_parallel_buffers",
         "model_param_gbuf_map",
     }
+
+
+#: Size floors (issue 31): a package module a reader takes in at once, a function on one screen;
+#: a test or harness module under 600 lines.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_TEST_MODULE_LINES = 450, 80, 600
+TESTS = PKG.parent / "tests"
+
+
+def _long_functions(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """No package module over 450 lines, no package function over 80, no test or harness module
+    over 600 (a split by job, not a wrap: see docs/layout.md)."""
+    big = [
+        f"{p.relative_to(PKG)} ({n} lines)"
+        for p in sorted(PKG.rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not big, f"package modules over {MAX_MODULE_LINES} lines: {big}"
+    long = [f for p in sorted(PKG.rglob("*.py")) for f in _long_functions(p)]
+    assert not long, f"package functions over {MAX_FUNCTION_LINES} lines: {long}"
+    big_tests = [
+        f"{p.relative_to(TESTS)} ({n} lines)"
+        for p in sorted(TESTS.rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_TEST_MODULE_LINES
+    ]
+    assert not big_tests, f"test/harness modules over {MAX_TEST_MODULE_LINES} lines: {big_tests}"
