@@ -327,7 +327,7 @@ def prepare(argv: Sequence[str]) -> Launch:
     merge_onto_container(config, files, rest)
     file_report = check_inputs(early, rest, options, args.recipe, base=base)
     callbacks: list[Any] = []
-    if options.enabled:
+    if options.enabled or options.verify_weights:  # disabled, the callback still checks the weights
         from ..adapters.bridge import MXFP8ParamSyncCallback
 
         callbacks.append(MXFP8ParamSyncCallback(options))

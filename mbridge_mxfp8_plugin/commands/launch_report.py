@@ -54,7 +54,11 @@ def _render(launch: Any, report: Any, refused: bool) -> str:
     options = launch.options
     out = [f"dry run: {launch.summary}; nothing trained", "", "plugin options (mxfp8_plugin):"]
     out += [f"  {name}: {yaml_literal(value)}" for name, value in options.as_mapping().items()]
-    callback = "MXFP8ParamSyncCallback" if launch.callbacks else "none (mxfp8_plugin.enabled is false)"
+    callback = "none (mxfp8_plugin.enabled is false)"
+    if launch.callbacks:
+        callback = "MXFP8ParamSyncCallback" + (
+            "" if options.enabled else " (enabled false: it checks the weights only)"
+        )
     out += ["", f"callbacks added to {launch.mode}(): {callback}", ""]
     out += ["MXFP8 knobs the job runs with (after Bridge's mixed_precision / comm_overlap precedence):"]
     out += knob_lines(launch.config, options, report.dp_size)
@@ -85,9 +89,7 @@ def dry_run(launch: Any, out: TextIO | None) -> int:
     from ..config.validate import validate_config
 
     report = validate_config(launch.config, plugin=launch.options, strict=False)
-    refused = bool(launch.file_refusal()) or (
-        launch.options.validate and launch.options.strict and not report.ok
-    )
+    refused = bool(launch.file_refusal()) or (launch.refuses_on_errors() and not report.ok)
     if out is not None:
         out.write(_render(launch, report, refused))
     return EXIT_REFUSED if refused else EXIT_OK

@@ -70,6 +70,8 @@ SEEDED = {
     "no_distopt": ["ddp.use_distributed_optimizer=false", "optimizer.use_distributed_optimizer=false"],
     "reuse_in_ddp_only": ["optimizer.reuse_grad_buf_for_mxfp8_param_ag=false"],
     "lenient": ["optimizer.reuse_grad_buf_for_mxfp8_param_ag=false", "mxfp8_plugin.strict=false"],
+    # disabled: no train-start check runs, so nothing refuses the job (check still names MX009)
+    "disabled": ["mxfp8_plugin.enabled=false"],
 }
 CASES = {f"shipped:{p.stem}": (p, []) for p in SHIPPED} | {k: (RECIPE, v) for k, v in SEEDED.items()}
 
@@ -125,6 +127,9 @@ def test_check_the_dry_run_and_a_real_launch_are_one_judge(dry_run, case, capsys
     assert rc_dry == rc_run and bool(started) == (rc_run == 0), told
     if case == "lenient":
         assert rc_check == 1 and rc_dry == 0 and "log these errors and train (strict: false)" in out, told
+        return
+    if case == "disabled":  # check has no "enabled" switch either; the launcher starts the job
+        assert rc_dry == 0 and "enabled is false, so a run adds no callback" in out, told
         return
     assert rc_dry == rc_check, told
     if rc_dry == 0:

@@ -110,3 +110,15 @@ def test_bridges_own_recipe_package(dry_run):
             assert "megatron-energon is not installed" in err and "pip install megatron-energon" in err, err
     else:
         assert rc in (0, 1) and "plugin options (mxfp8_plugin):" in out, out + err
+
+
+def test_a_disabled_plugin_with_the_weight_check_on_still_gets_its_callback(dry_run):
+    """``enabled: false`` with ``verify_weights: true``: the callback still checks the weights
+    (docs/verify.md), so the launcher must add it; with both off it adds none."""
+    base = ["--recipe", JOB, "--config-file", str(RECIPE), "mxfp8_plugin.enabled=false"]
+    rc, out, err = dry_run(*base, "mxfp8_plugin.verify_weights=true")
+    assert rc == 0 and "callbacks added to pretrain(): MXFP8ParamSyncCallback (enabled false" in out, (
+        out + err
+    )
+    rc, out, err = dry_run(*base)
+    assert rc == 0 and "callbacks added to pretrain(): none (mxfp8_plugin.enabled is false)" in out, out + err
