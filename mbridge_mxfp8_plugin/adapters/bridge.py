@@ -33,14 +33,20 @@ What each hook reads and does (Bridge fires them from ``train()`` and ``evaluate
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..engine.sync import ParamSyncEngine
 from ..errors import MXFP8UsageError
 from ..options import PluginOptions
-from .session import EngineHolder, bridge_resumed
+from .session import FromSession, Session, bridge_resumed
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections import deque
+
+    from ..engine.sync import SyncStats
+    from ..verify import WeightReport
 
 __all__ = ["MXFP8ParamSyncCallback"]
 
@@ -50,7 +56,7 @@ __all__ = ["MXFP8ParamSyncCallback"]
 EXIT_DURATION_MARGIN_S = 120.0
 
 
-class MXFP8ParamSyncCallback(EngineHolder):
+class MXFP8ParamSyncCallback:
     """Keeps MXFP8 params correct around eval, test and checkpoint saves in Megatron-Bridge.
 
     Args:
@@ -60,9 +66,16 @@ class MXFP8ParamSyncCallback(EngineHolder):
     """
 
     framework = "Bridge"
+    #: the session's state, as attributes of this entry point (docs, tests and users read them)
+    options: FromSession[PluginOptions] = FromSession()
+    engine: FromSession[ParamSyncEngine | None] = FromSession()
+    inactive_reason: FromSession[str | None] = FromSession()
+    last_stats: FromSession[SyncStats | None] = FromSession()
+    last_report: FromSession[WeightReport | None] = FromSession()
+    history: FromSession[deque[tuple[str, SyncStats]]] = FromSession()
 
     def __init__(self, options: PluginOptions | None = None, **overrides: Any) -> None:
-        self._take_options(options, overrides)
+        self.session = Session(self.framework, type(self).__name__, options, overrides)
         #: Bridge >= 0.5 fires on_checkpoint_save after each save (and we re-stage there)
         self._save_seen = False
         self._last_step_end: float | None = None
@@ -70,7 +83,7 @@ class MXFP8ParamSyncCallback(EngineHolder):
 
     # ------------------------------------------------------------------ plumbing
     def _engine(self, context: Any) -> ParamSyncEngine | None:
-        if self._disabled():
+        if self.session.disabled():
             return None
         optimizer = getattr(context, "optimizer", None)
         if self.engine is not None and _wraps(self.engine.model_chunks, context.model):
@@ -79,7 +92,7 @@ class MXFP8ParamSyncCallback(EngineHolder):
             # fresh, staged) and take the job for one without megatron-core DDP.
             self.engine.bind_optimizer(optimizer)
             return self.engine
-        return self._bind(context.model, optimizer)
+        return self.session.bind(context.model, optimizer)
 
     @staticmethod
     def _forced_syncs_ahead(context: Any, exit_expected: bool = False) -> set[str]:
@@ -164,25 +177,25 @@ class MXFP8ParamSyncCallback(EngineHolder):
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, context: Any) -> None:
-        self._model_key = None
+        self.session.model_key = None
         self._last_step_end, self._longest_step_s = None, 0.0
         engine = self._engine(context)
         if engine is not None:
-            self._check_job(engine, getattr(getattr(context, "state", None), "cfg", None))
+            self.session.check_job(engine, getattr(getattr(context, "state", None), "cfg", None))
             # Bridge >= 0.6 with core >= 0.19 stages before every forced sync and core does the
             # rest: the engine is then passive (and trusts the loop's gathers when judging evals).
             engine.loop_stages_itself()
         optimizer = getattr(context, "optimizer", None)
         resumed = bridge_resumed(context)
         if resumed and engine is not None:
-            self._loaded()  # F: re-derived at the first step start unless the loop keeps pre-hooks on
-        self._verify("checkpoint load", context.model, optimizer, when=resumed)
+            self.session.loaded()  # F: re-derived at the first step start unless the loop keeps pre-hooks on
+        self.session.verify("checkpoint load", context.model, optimizer, when=resumed)
 
     def on_train_step_start(self, context: Any) -> None:
         engine = self._engine(context)
         if engine is None:
             return
-        self._step_started(engine, "on_train_step_start")
+        self.session.step_started(engine, "on_train_step_start")
 
     def on_train_step_end(self, context: Any) -> None:
         engine = self._engine(context)
@@ -196,21 +209,21 @@ class MXFP8ParamSyncCallback(EngineHolder):
         ahead = self._forced_syncs_ahead(context, exit_expected)
         if ahead:
             # No callback fires between here and the loop's forced sync (nor before a save).
-            self._record("on_train_step_end", engine.before_forced_sync(save="save" in ahead))
+            self.session.record("on_train_step_end", engine.before_forced_sync(save="save" in ahead))
 
     def _before_eval(self, context: Any, event: str) -> None:
         engine = self._engine(context)
         if engine is not None:
             # The engine judges whether the loop's forced gather collected what it staged.
-            self._eval_starts(engine, event, gathered_fresh=None)
-        self._verify(event, context.model)
+            self.session.eval_starts(engine, event, gathered_fresh=None)
+        self.session.verify(event, context.model)
 
     def _after_eval(self, context: Any, event: str) -> None:
         engine = self._engine(context)
         if engine is None:
             return
         # Re-stages for a save in the same iteration, unless the loop stages itself.
-        self._record(event, engine.after_forced_sync())
+        self.session.record(event, engine.after_forced_sync())
 
     def on_eval_start(self, context: Any) -> None:
         self._before_eval(context, "on_eval_start")
@@ -225,7 +238,7 @@ class MXFP8ParamSyncCallback(EngineHolder):
         self._after_eval(context, "on_test_end")
 
     def on_checkpoint_save(self, context: Any) -> None:
-        self._verify("on_checkpoint_save", context.model)
+        self.session.verify("on_checkpoint_save", context.model)
         engine = self._engine(context)
         if engine is None:
             return
@@ -233,7 +246,7 @@ class MXFP8ParamSyncCallback(EngineHolder):
         # Like after an eval: core >= 0.18 wrote the save's gather back and re-zeroed the buffer,
         # so re-stage for a forced sync that may follow without a callback (the closing disable
         # right after the end-of-training save, Bridge 0.5 train.py L742/L762).
-        self._record("on_checkpoint_save", engine.after_forced_sync())
+        self.session.record("on_checkpoint_save", engine.after_forced_sync())
 
     def on_train_end(self, context: Any) -> None:
         engine = self._engine(context)
@@ -244,8 +257,8 @@ class MXFP8ParamSyncCallback(EngineHolder):
             # Bridge < 0.5 saves right before its closing disable (interval save at the last step,
             # 0.4's end-of-training save) and fires no callback for it.
             engine.forced_sync_unobserved()
-        self._record("on_train_end", engine.training_ended(gathered_fresh=None))
-        self._verify("on_train_end", context.model)
+        self.session.record("on_train_end", engine.training_ended(gathered_fresh=None))
+        self.session.verify("on_train_end", context.model)
 
     # Lightning-style conventions: nothing here must survive a resume.
     def state_dict(self) -> dict[str, Any]:

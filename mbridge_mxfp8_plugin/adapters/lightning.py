@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from lightning.pytorch import Callback
@@ -42,7 +42,13 @@ from ..engine.sync import ParamSyncEngine
 from ..errors import MXFP8UsageError
 from ..mcore.layout import distributed_optimizers
 from ..options import PluginOptions
-from .session import EngineHolder, find_model_chunks
+from .session import FromSession, Session, find_model_chunks
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections import deque
+
+    from ..engine.sync import SyncStats
+    from ..verify import WeightReport
 
 __all__ = ["MXFP8ParamSyncLightningCallback", "find_megatron_optimizer", "find_model_chunks"]
 
@@ -80,7 +86,7 @@ def find_megatron_optimizer(candidates: Iterable[Any]) -> Any | None:
     return None
 
 
-class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
+class MXFP8ParamSyncLightningCallback(Callback):
     """Keeps MXFP8 params correct around validation, test and checkpoint saves in Lightning.
 
     Args:
@@ -95,6 +101,13 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
     """
 
     framework = "Lightning"
+    #: the session's state, as attributes of this entry point (docs, tests and users read them)
+    options: FromSession[PluginOptions] = FromSession()
+    engine: FromSession[ParamSyncEngine | None] = FromSession()
+    inactive_reason: FromSession[str | None] = FromSession()
+    last_stats: FromSession[SyncStats | None] = FromSession()
+    last_report: FromSession[WeightReport | None] = FromSession()
+    history: FromSession[deque[tuple[str, SyncStats]]] = FromSession()
 
     def __init__(
         self,
@@ -106,7 +119,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
     ) -> None:
         self.model_getter = model_getter
         self.optimizer_getter = optimizer_getter
-        self._take_options(options, overrides)
+        self.session = Session(self.framework, type(self).__name__, options, overrides)
         self._stepped = False
 
     # ------------------------------------------------------------------ Lightning conventions
@@ -128,13 +141,14 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         # The engine references live model chunks and process groups, which do not pickle and
         # would be wrong in another process anyway; it is rebuilt from the trainer on first use.
         state = self.__dict__.copy()
-        for key in ("engine", "_model_key", "inactive_reason", "_stepped", "last_stats", "history"):
-            state.pop(key, None)
+        state.pop("_stepped", None)
+        state["session"] = self.session.options  # the options travel; the session is rebuilt
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        options = state.pop("session")
         self.__dict__.update(state)
-        self._forget_engine()
+        self.session = Session(self.framework, type(self).__name__, options)
         self._stepped = False
 
     # ------------------------------------------------------------------ discovery
@@ -177,7 +191,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
 
     def _engine(self, trainer: Any, pl_module: Any, *, need_optimizer: bool) -> ParamSyncEngine | None:
         """Find chunks and optimizer; (re)build the engine only when the chunks changed."""
-        if self._disabled():
+        if self.session.disabled():
             return None
         chunks, reason = self._chunks(trainer, pl_module)
         if not chunks:
@@ -186,7 +200,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
                 self.inactive_reason = reason
                 log_rank_zero(logging.WARNING, "MXFP8 param-sync plugin inactive: %s.", reason)
             return None
-        self._bind(chunks, None, reason=reason)
+        self.session.bind(chunks, None, reason=reason)
         if self.engine is None:
             return None
         engine = self.engine
@@ -206,26 +220,26 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Strategies such as NeMo's wrap the model in DDP after the callbacks' setup, so nothing
         # can be validated yet; start from a clean slate for this stage.
-        self._model_key = None
+        self.session.model_key = None
         self.engine = None
         self._stepped = False
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         engine = self._engine(trainer, pl_module, need_optimizer=True)
         if engine is not None:
-            self._check_job(engine)
+            self.session.check_job(engine)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         # After Lightning restored the optimizer state too (on_fit_start comes before that).
         resumed = bool(getattr(trainer, "ckpt_path", None))
         if resumed and self.engine is not None:
-            self._loaded()  # F: re-derived at the first batch unless its pre-hooks are on
-        self._verify("checkpoint load", when=resumed)
+            self.session.loaded()  # F: re-derived at the first batch unless its pre-hooks are on
+        self.session.verify("checkpoint load", when=resumed)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Drop references to the model so a finished Trainer does not keep it alive through us.
         self.engine = None
-        self._model_key = None
+        self.session.model_key = None
 
     # ------------------------------------------------------------------ training
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -234,7 +248,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
             return
         # Safety net: a checkpoint save (or any forced sync) since the last step fires no hook
         # afterwards; without this reset the step would skip its gather (C).
-        self._step_started(engine, "on_train_batch_start")
+        self.session.step_started(engine, "on_train_batch_start")
 
     def on_megatron_microbatches_start(self, step: Any = None, **kwargs: Any) -> None:
         """NeMo 2 ``MegatronParallel`` event: after ``zero_grad_buffer()``, before the first forward.
@@ -268,8 +282,8 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         if engine is None or not self.options.refresh_at_train_end or engine.optimizer is None:
             return
         if self._stepped:
-            self._record("on_train_end", engine.training_ended(gathered_fresh=False))
-            self._verify("on_train_end")
+            self.session.record("on_train_end", engine.training_ended(gathered_fresh=False))
+            self.session.verify("on_train_end")
 
     # ------------------------------------------------------------------ validation / test
     def _before_eval(self, trainer: Any, pl_module: Any, event: str) -> None:
@@ -279,8 +293,8 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         if engine is not None:
             # Lightning loops never force a sync right before validation: no forced gather to
             # reuse. Also right for the sanity check before any step (main params = weights).
-            self._eval_starts(engine, event, gathered_fresh=False)
-        self._verify(event)
+            self.session.eval_starts(engine, event, gathered_fresh=False)
+        self.session.verify(event)
 
     def _after_eval(self, event: str) -> None:
         engine = self.engine
@@ -288,7 +302,7 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
             return
         # ModelCheckpoint runs after us and a NeMo save forces a sync: after_forced_sync re-stages
         # where core writes forced gathers back (>= 0.18).
-        self._record(event, engine.after_forced_sync())
+        self.session.record(event, engine.after_forced_sync())
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._before_eval(trainer, pl_module, "on_validation_start")
@@ -311,10 +325,10 @@ class MXFP8ParamSyncLightningCallback(Callback, EngineHolder):
         re-stage so that write-back gathers weights rather than the re-zeroed buffer.
         """
         self._prepare_save("on_save_checkpoint")
-        self._verify("on_save_checkpoint")
+        self.session.verify("on_save_checkpoint")
 
     def _prepare_save(self, event: str) -> None:
         engine = self.engine
         if engine is None or engine.optimizer is None or not engine.overlap or not self._stepped:
             return
-        self._record(event, engine.refresh_for_save())
+        self.session.record(event, engine.refresh_for_save())

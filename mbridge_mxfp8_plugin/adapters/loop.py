@@ -58,15 +58,17 @@ from ..engine.sync import ParamSyncEngine, SyncStats
 from ..errors import MXFP8UsageError
 from ..options import PluginOptions
 from ..probes import probe_core
-from .session import EngineHolder
+from .session import FromSession, Session
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections import deque
+
     from ..verify import WeightReport
 
 __all__ = ["MXFP8ParamSync", "mxfp8_param_sync"]
 
 
-class MXFP8ParamSync(EngineHolder):
+class MXFP8ParamSync:
     """Keeps MXFP8 params correct around the forced param syncs of a hand-written training loop.
 
     Build it with :func:`mxfp8_param_sync`. Every method is safe to call on every rank at the
@@ -77,17 +79,24 @@ class MXFP8ParamSync(EngineHolder):
     """
 
     framework = "loop API"
+    #: the session's state, as attributes of this entry point (docs, tests and users read them)
+    options: FromSession[PluginOptions] = FromSession()
+    engine: FromSession[ParamSyncEngine | None] = FromSession()
+    inactive_reason: FromSession[str | None] = FromSession()
+    last_stats: FromSession[SyncStats | None] = FromSession()
+    last_report: FromSession[WeightReport | None] = FromSession()
+    history: FromSession[deque[tuple[str, SyncStats]]] = FromSession()
 
     def __init__(self, model_chunks: Sequence[Any], optimizer: Any, options: PluginOptions) -> None:
-        self._take_options(options, {})
+        self.session = Session(self.framework, type(self).__name__, options)
         self.model_chunks = _as_chunks(model_chunks)
         self._stepped = False
-        self._remember(self.model_chunks, optimizer)
-        if self._disabled():
+        self.session.remember(self.model_chunks, optimizer)
+        if self.session.disabled():
             return
-        engine = self._bind(self.model_chunks, optimizer)
+        engine = self.session.bind(self.model_chunks, optimizer)
         if engine is not None:
-            self._check_job(engine)
+            self.session.check_job(engine)
             # Megatron-LM core_v0.19 with megatron-core >= 0.19 stages before every forced sync
             # itself: every call is then a no-op (engine.passive).
             engine.loop_stages_itself()
@@ -107,7 +116,7 @@ class MXFP8ParamSync(EngineHolder):
         if self.engine is None:
             return self._idle()
         stats = self.engine.step_started()
-        self._first_step_after_load(self.engine)
+        self.session.first_step_after_load(self.engine)
         return stats
 
     def after_load(self) -> SyncStats:
@@ -117,7 +126,7 @@ class MXFP8ParamSync(EngineHolder):
         would have (F). Call before the first :meth:`step_started`; issues no collective."""
         if self.engine is None:
             return self._idle()
-        self._loaded()
+        self.session.loaded()
         return SyncStats(note="resume: params re-derived at the next step start where needed")
 
     def before_eval(self) -> SyncStats:
@@ -125,7 +134,7 @@ class MXFP8ParamSync(EngineHolder):
         current fp32 main params, rounded to MXFP8, at the padded offsets (A, B)."""
         engine = self._working()
         stats = engine.before_eval() if engine is not None else self._idle()
-        self._verify("eval")
+        self.session.verify("eval")
         return stats
 
     def after_eval(self) -> SyncStats:
@@ -147,7 +156,7 @@ class MXFP8ParamSync(EngineHolder):
             # What the save writes is final here only where core does not write the save's gather
             # back (< 0.18: refreshed above, or stale without the plugin) or nothing stepped; on
             # >= 0.18 that gather makes the weights current after this call, unobserved.
-            self._verify("save")
+            self.session.verify("save")
         return stats
 
     def close(self) -> SyncStats:
@@ -159,7 +168,7 @@ class MXFP8ParamSync(EngineHolder):
         else:
             stats = engine.refresh_weights(gathered_fresh=False)
         if self.options.refresh_at_train_end:
-            self._verify("train end")
+            self.session.verify("train end")
         return stats
 
     def verify(self, event: str = "manual") -> WeightReport:
@@ -171,7 +180,7 @@ class MXFP8ParamSync(EngineHolder):
         themselves. Runs whatever the option says and obeys ``strict`` like they do: a mismatch
         raises :class:`~mbridge_mxfp8_plugin.MXFP8PluginError`, or is logged at ERROR.
         """
-        report = self._verify(event, force=True)
+        report = self.session.verify(event, force=True)
         if report is None:
             raise MXFP8UsageError(
                 "verify() needs megatron-core DDP model chunks and an optimizer holding a "
@@ -229,7 +238,7 @@ def mxfp8_param_sync(
             )
         if session.engine is not None:
             session.engine.bind_optimizer(optimizer)
-        session._remember(None, optimizer)
+        session.session.remember(None, optimizer)
         return session
     session = MXFP8ParamSync(chunks, optimizer, (options or PluginOptions()).replace(**overrides))
     _SESSIONS[key] = session

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from ..common.log import log_rank_zero
 from ..config.validate import ValidationReport, validate_config
@@ -29,11 +29,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "HISTORY_LENGTH",
-    "EngineHolder",
+    "FromSession",
+    "Session",
     "bridge_resumed",
     "find_model_chunks",
     "validate_live_job",
 ]
+
+_T = TypeVar("_T")
 
 #: Events an entry point remembers in ``history`` (for logs and tests); older ones are dropped.
 HISTORY_LENGTH = 1024
@@ -46,47 +49,53 @@ def bridge_resumed(context: Any) -> bool:
     return isinstance(step, int) and step > 0
 
 
-class EngineHolder:
-    """The state every entry point keeps: its options, the shared engine of its model chunks (or
-    why there is none), and the last events with what they did.
+class Session:
+    """What every entry point keeps, held by composition (``adapter.session``): its options, the
+    shared engine of its model chunks (or why there is none), the last events with what they did,
+    and the policies they share (binding, the train-start check, the verifier, the resume refresh).
 
-    Subclasses call :meth:`_take_options` from ``__init__`` and name themselves in ``framework``.
+    The adapters translate their framework's events into calls of these public methods and
+    expose ``engine``, ``options``, ``last_report`` and the rest as attributes of their own
+    (:class:`FromSession`), so a reader follows ``self.session.bind(...)`` into one place.
     """
 
-    framework = ""
-    options: PluginOptions
-    engine: ParamSyncEngine | None
-    inactive_reason: str | None
-    last_stats: SyncStats | None
-    history: deque[tuple[str, SyncStats]]
-
-    def _take_options(self, options: PluginOptions | None, overrides: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        framework: str,
+        holder: str,
+        options: PluginOptions | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
         if options is not None and not isinstance(options, PluginOptions):
             raise MXFP8UsageError(
-                f"{type(self).__name__} takes a PluginOptions as its first argument, got "
+                f"{holder} takes a PluginOptions as its first argument, got "
                 f"{type(options).__name__} (a recipe section: PluginOptions.from_mapping(section))"
             )
+        #: the framework in log lines and report events; the adapter's class name in errors
+        self.framework, self.holder = framework, holder
         # One options type for every entry point; a keyword given here wins over ``options``.
-        self.options = (options or PluginOptions()).replace(**overrides)
+        self.options: PluginOptions = (options or PluginOptions()).replace(**(overrides or {}))
         self._disabled_logged = self._owner_logged = False
-        self._forget_engine()
+        self._unreadable_types_warned: set[str] = set()
+        self.forget_engine()
 
-    def _forget_engine(self) -> None:
-        self.engine = None
+    def forget_engine(self) -> None:
+        """Drop the engine and everything learned about the chunks (a new job, an unpickled callback)."""
+        self.engine: ParamSyncEngine | None = None
         #: what :meth:`verify` checks when the engine is not there (inactive, ``enabled=False``)
-        self._verify_chunks: list[Any] | None = None
-        self._verify_optimizer: Any = None
+        self.verify_chunks: list[Any] | None = None
+        self.verify_optimizer: Any = None
         self.last_report: WeightReport | None = None
-        self.inactive_reason = None
+        self.inactive_reason: str | None = None
         #: Megatron-FSDP / the LayerWise optimizer owns the param sync: passive, verifier included
-        self._owner: SyncOwner | None = None
-        self._model_key: tuple[int, ...] | None = None
-        self.last_stats = None
-        self.history = deque(maxlen=HISTORY_LENGTH)
-        #: armed by :meth:`_loaded`, spent at the next step start (defect F)
-        self._resume = ResumeRefresh()
+        self.owner: SyncOwner | None = None
+        self.model_key: tuple[int, ...] | None = None
+        self.last_stats: SyncStats | None = None
+        self.history: deque[tuple[str, SyncStats]] = deque(maxlen=HISTORY_LENGTH)
+        #: armed by :meth:`loaded`, spent at the next step start (defect F)
+        self.resume = ResumeRefresh()
 
-    def _disabled(self) -> bool:
+    def disabled(self) -> bool:
         """``enabled=False``: no engine is built and no event does anything; said once."""
         if self.options.enabled:
             return False
@@ -98,30 +107,30 @@ class EngineHolder:
             )
         return True
 
-    def _bind(
+    def bind(
         self, chunks: Sequence[Any], optimizer: Any | None, *, reason: str | None = None
     ) -> ParamSyncEngine | None:
         """The shared engine of these chunks, prepared (offsets repaired); rebuilt only when the
         chunks change. ``reason``: the caller already knows the plugin does not apply."""
-        self._remember(chunks, optimizer)
+        self.remember(chunks, optimizer)
         key = ParamSyncEngine.model_key(chunks)
-        if key == self._model_key:
+        if key == self.model_key:
             if self.engine is not None:
                 self.engine.bind_optimizer(optimizer)
                 if self.engine.owner is not None:  # the optimizer seen now owns the sync (LayerWise)
-                    self._yield_to(self.engine.owner)
+                    self.yield_to(self.engine.owner)
             return self.engine
-        self._model_key = key
+        self.model_key = key
         # The owner is sticky: Bridge's on_checkpoint_save hands unwrapped modules, which show no
         # FSDP wrapper. ``reason`` (the caller's) stands unless an owner was found before.
         decision = (
             Decision(reason=reason)
-            if reason and self._owner is None
-            else decide(chunks, optimizer, owner=self._owner)
+            if reason and self.owner is None
+            else decide(chunks, optimizer, owner=self.owner)
         )
         self.engine = None
         if decision.owner is not None:
-            self._yield_to(decision.owner)
+            self.yield_to(decision.owner)
             return None
         self.inactive_reason = decision.reason
         if self.inactive_reason:
@@ -143,19 +152,19 @@ class EngineHolder:
         )
         return engine
 
-    def _yield_to(self, owner: SyncOwner) -> None:
+    def yield_to(self, owner: SyncOwner) -> None:
         """Someone else owns the param sync: no engine, and one line a default Bridge job shows."""
-        self.engine, self._owner = None, owner
+        self.engine, self.owner = None, owner
         self.inactive_reason = Decision.owned_by(owner).reason
         if not self._owner_logged:  # once per job: Bridge's save hands unwrapped modules (new key)
             self._owner_logged = True
             log_rank_zero(logging.WARNING, "%s", owner.message())
 
-    def _check_job(self, engine: ParamSyncEngine, container: Any = None) -> None:
+    def check_job(self, engine: ParamSyncEngine, container: Any = None) -> None:
         """Refuse at train start what would otherwise fail (or train wrong) at the first eval."""
         if engine.optimizer is not None and not distributed_optimizers(engine.optimizer):
             raise MXFP8UsageError(
-                f"the optimizer handed to {type(self).__name__} is {type(engine.optimizer).__name__}, "
+                f"the optimizer handed to {self.holder} is {type(engine.optimizer).__name__}, "
                 "which holds no megatron-core DistributedOptimizer: with "
                 "reuse_grad_buf_for_mxfp8_param_ag the fp32 main params live only there. Build it with "
                 "megatron.core.optimizer.get_megatron_optimizer and "
@@ -170,7 +179,7 @@ class EngineHolder:
             # ERROR, not WARNING: the job trains on weights these rules say are wrong (_log.py).
             log_rank_zero(logging.ERROR, "MXFP8 config problems (strict=False):\n%s", report.format_errors())
 
-    def _eval_starts(self, engine: ParamSyncEngine, event: str, *, gathered_fresh: bool | None) -> None:
+    def eval_starts(self, engine: ParamSyncEngine, event: str, *, gathered_fresh: bool | None) -> None:
         """Eval or test reads the weights next (``gathered_fresh`` as in ``before_eval``)."""
         if engine.optimizer is None:
             # validate()/test() without training: param.data is what was initialised or loaded and
@@ -180,23 +189,22 @@ class EngineHolder:
                 "MXFP8 param-sync plugin: %s without an optimizer; keeping weights as loaded.",
                 event,
             )
-        self._record(event, engine.before_eval(gathered_fresh=gathered_fresh))
+        self.record(event, engine.before_eval(gathered_fresh=gathered_fresh))
 
-    def _remember(self, chunks: Sequence[Any] | None, optimizer: Any | None) -> None:
+    def remember(self, chunks: Sequence[Any] | None, optimizer: Any | None) -> None:
         # Only megatron-core DDP chunks count: Bridge's on_checkpoint_save passes the unwrapped
         # modules, which the verifier cannot read shards from.
         found = find_model_chunks([chunks])[0] if chunks is not None else []
         if found:
-            self._verify_chunks = found
+            self.verify_chunks = found
         if optimizer is not None:
-            self._verify_optimizer = optimizer
+            self.verify_optimizer = optimizer
 
     def _warn_unreadable_types(self, report: WeightReport) -> None:
         """One rank-0 warning per MXFP8 type the check cannot read, the first time it is seen."""
-        warned = self.__dict__.setdefault("_unreadable_types_warned", set())
         for name in report.unchecked_types:
-            if name not in warned:
-                warned.add(name)
+            if name not in self._unreadable_types_warned:
+                self._unreadable_types_warned.add(name)
                 log_rank_zero(
                     logging.WARNING,
                     "MXFP8 weight check: params of type %s cannot be read (%s); their checks say NOT "
@@ -206,7 +214,7 @@ class EngineHolder:
                     " (accepted: verify_accept_unchecked)" if report.accept_unchecked else ", a failure",
                 )
 
-    def _verify(
+    def verify(
         self,
         event: str,
         model_chunks: Sequence[Any] | None = None,
@@ -228,14 +236,14 @@ class EngineHolder:
         logged at ERROR on rank zero; every rank of a data-parallel group learns of a peer's
         mismatch through the check's all-reduce, so they raise together.
         """
-        if not (self.options.verify_weights or force) or self._owner is not None:
+        if not (self.options.verify_weights or force) or self.owner is not None:
             return None  # (an owner's weights follow its own gather, not the DistributedOptimizer's)
-        self._remember(model_chunks, optimizer)
+        self.remember(model_chunks, optimizer)
         if not when:
             return None
         engine = self.engine
-        chunks = engine.model_chunks if engine is not None else self._verify_chunks
-        opt = (engine.optimizer if engine is not None else None) or self._verify_optimizer
+        chunks = engine.model_chunks if engine is not None else self.verify_chunks
+        opt = (engine.optimizer if engine is not None else None) or self.verify_optimizer
         if not chunks or opt is None or not distributed_optimizers(opt):
             return None
         from ..verify import verify_weights
@@ -257,28 +265,46 @@ class EngineHolder:
         log_rank_zero(logging.ERROR, "%s (strict=False: training goes on)", report.message())
         return report
 
-    def _loaded(self) -> None:
+    def loaded(self) -> None:
         """A checkpoint was loaded (where the verifier checks "checkpoint load"): the next step
         start re-derives the params from the loaded main params, unless the loop does (F)."""
-        self._resume.loaded()
+        self.resume.loaded()
 
-    def _step_started(self, engine: ParamSyncEngine, event: str) -> None:
+    def step_started(self, engine: ParamSyncEngine, event: str) -> None:
         """A training step starts: undo a forced sync's dispatch state (C), then, on the first
         step after a load, re-derive the params (F) - after, so the groups stay synced."""
         stats = engine.step_started()
         if stats.groups_reset:
-            self._record(event, stats)
-        self._first_step_after_load(engine)
+            self.record(event, stats)
+        self.first_step_after_load(engine)
 
-    def _first_step_after_load(self, engine: ParamSyncEngine | None) -> None:
+    def first_step_after_load(self, engine: ParamSyncEngine | None) -> None:
         """A step starts: if it is the first after a load, re-derive the params once (F)."""
-        stats = self._resume.before_first_step(engine)
+        stats = self.resume.before_first_step(engine)
         if stats is not None:
-            self._record("resume", stats)
+            self.record("resume", stats)
 
-    def _record(self, event: str, stats: SyncStats) -> None:
+    def record(self, event: str, stats: SyncStats) -> None:
         self.last_stats = stats
         self.history.append((event, stats))
+
+
+class FromSession(Generic[_T]):
+    """An adapter attribute that is its session's (``adapter.engine`` is ``adapter.session.engine``):
+    the public face users and tests read stays on the adapter, the state lives in one place."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> FromSession[_T]: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> _T: ...
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.session, self.name)  # type: ignore[attr-defined]
+
+    def __set__(self, obj: object, value: _T) -> None:
+        setattr(obj.session, self.name, value)  # type: ignore[attr-defined]
 
 
 def validate_live_job(

@@ -122,7 +122,7 @@ def test_loop_api_refuses_different_options_for_the_same_chunks():
 
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
 def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
-    """EngineHolder._verify: with the option on, a bad report raises under strict, else one
+    """Session.verify: with the option on, a bad report raises under strict, else one
     ERROR record naming the event; with the option off nothing is checked."""
     import mbridge_mxfp8_plugin.adapters.session as adapter
     import mbridge_mxfp8_plugin.verify as verify
@@ -139,19 +139,22 @@ def test_verify_policy_raises_or_logs_at_error(caplog, monkeypatch, strict):
     monkeypatch.setattr(verify, "verify_weights", fake_verify)
     monkeypatch.setattr(adapter, "distributed_optimizers", lambda opt: [opt])
     chunk, optimizer = BucketlessChunk(), object()
-    assert MXFP8ParamSyncCallback(PluginOptions(strict=strict))._verify("eval", [chunk], optimizer) is None
+    assert (
+        MXFP8ParamSyncCallback(PluginOptions(strict=strict)).session.verify("eval", [chunk], optimizer)
+        is None
+    )
     assert calls == []  # option off: control
     cb = MXFP8ParamSyncCallback(
         PluginOptions(enabled=False, verify_weights=True, verify_sample=0.25, strict=strict)
     )
-    cb._verify("on_train_start", [chunk], optimizer, when=False)  # remembers, checks nothing
+    cb.session.verify("on_train_start", [chunk], optimizer, when=False)  # remembers, checks nothing
     assert calls == []
     with caplog.at_level(logging.ERROR, logger="mbridge_mxfp8_plugin"):
         if strict:
             with pytest.raises(MXFP8PluginError, match=r"on_eval_start \(Bridge\): WRONG.*w \(max"):
-                cb._verify("on_eval_start")
+                cb.session.verify("on_eval_start")
         else:
-            report = cb._verify("on_eval_start")
+            report = cb.session.verify("on_eval_start")
             assert report is not None and not report.ok
     assert calls == ["on_eval_start (Bridge)"]
     assert samples == [0.25]  # the option reaches the check
@@ -186,10 +189,10 @@ def test_an_unreadable_mxfp8_type_is_a_failure_named_once_unless_accepted(caplog
     with caplog.at_level(logging.DEBUG, logger="mbridge_mxfp8_plugin"):
         for event in ("eval 1", "eval 2"):
             if accept:
-                report = sync._verify(event, [chunk], optimizer)
+                report = sync.session.verify(event, [chunk], optimizer)
                 assert report is not None and report.ok and report.verdict == "not checked"
             else:
                 with pytest.raises(MXFP8PluginError, match=r"NOT CHECKED: 2 of 5 owned params.*OpaqueMXFP8"):
-                    sync._verify(event, [chunk], optimizer)
+                    sync.session.verify(event, [chunk], optimizer)
     warnings = [r.getMessage() for r in caplog.records if logging.WARNING <= r.levelno < logging.ERROR]
     assert len(warnings) == 1 and "OpaqueMXFP8" in warnings[0] and "docs/verify.md" in warnings[0], warnings

@@ -6,7 +6,8 @@ Two spies, both class-level patches undone after each run, record what happened:
 * ``CallbackManager.fire`` notes every Bridge event (not the per-step ones) with the loop's
   ``train_state.step`` when it fires, before any callback runs: what the test counts the checks
   against is Bridge's own schedule, not the plugin's idea of it;
-* ``MXFP8ParamSyncCallback._verify`` notes each check the plugin asks for (``when`` true) with the
+* ``Session.verify`` (the Bridge callback's session) notes each check the plugin asks for
+  (``when`` true) with the
   event firing at that moment and the :class:`WeightReport` it made (the one it raised on too:
   ``last_report`` is set before ``raise_if_bad``), or None where no check ran.
 
@@ -139,9 +140,9 @@ def _launched(argv: list[str], corruption: Corruption | None, save_dir: str | No
 def _spying(run: VerifyRun) -> Iterator[None]:
     from megatron.bridge.training.callbacks import CallbackManager
 
-    from mbridge_mxfp8_plugin import MXFP8ParamSyncCallback
+    from mbridge_mxfp8_plugin.adapters.session import Session
 
-    fire, verify = CallbackManager.fire, MXFP8ParamSyncCallback._verify
+    fire, verify = CallbackManager.fire, Session.verify
     firing: list[tuple[str, int | None]] = []
     rank = torch.distributed.get_rank()
 
@@ -174,23 +175,23 @@ def _spying(run: VerifyRun) -> Iterator[None]:
         return check.report
 
     CallbackManager.fire = spied_fire  # type: ignore[method-assign]
-    MXFP8ParamSyncCallback._verify = spied_verify  # type: ignore[method-assign]
+    Session.verify = spied_verify  # type: ignore[method-assign]
     try:
         yield
     finally:
         CallbackManager.fire = fire  # type: ignore[method-assign]
-        MXFP8ParamSyncCallback._verify = verify  # type: ignore[method-assign]
+        Session.verify = verify  # type: ignore[method-assign]
 
 
-def _corrupt(plugin: Any, c: Corruption) -> None:
+def _corrupt(session: Any, c: Corruption) -> None:
     """Corrupt the first MXFP8 weight (model order) with a whole block where ``c`` asks for it."""
     from megatron.core import fp8_utils
 
     from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers, main_shards
 
-    engine = plugin.engine
-    chunks = engine.model_chunks if engine is not None else plugin._verify_chunks
-    opt = (engine.optimizer if engine is not None else None) or plugin._verify_optimizer
+    engine = session.engine
+    chunks = engine.model_chunks if engine is not None else session.verify_chunks
+    opt = (engine.optimizer if engine is not None else None) or session.verify_optimizer
     shards = [s for o in distributed_optimizers(opt) for s in main_shards(o)]
     owned = {s.param: (s.param_start, s.param_end) for s in shards}
     for i, chunk in enumerate(chunks):
