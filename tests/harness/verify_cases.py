@@ -15,7 +15,9 @@ from 0.19), gated on what :func:`~mbridge_mxfp8_plugin.probe_core` finds in the 
 on the verifier. The ``opt:`` cases run the product path: the loop API with
 ``PluginOptions(verify_weights=True)``, where a fix is switched off by disabling the plugin or one
 engine step, and a save + resume through an in-memory checkpoint (``param.data`` as the save's
-forced sync leaves it, and the fp32 main shards).
+forced sync leaves it, and the fp32 main shards). The cases on params holding codes and scales
+(whatever the pass's kind) and the one where only a peer's shard check can see the difference:
+:mod:`.verify_codes`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from mbridge_mxfp8_plugin.testing import launch
 
+from .verify_codes import case_codes, case_peer
 from .verify_loop import (
     ITERS,
     ErrorLines,
@@ -409,6 +412,8 @@ def verify_rank() -> dict[str, Any]:
         out["expert"] = _case_expert()
         out["sampling"] = _case_sampling()
         out["plans"] = _case_plans()
+        out["codes"] = case_codes()  # the kit's TE-shaped type in every pass (harness.verify_codes)
+        out["peer"] = case_peer()
         for mode in ("disabled", "b1_off", "b2_off", "on", "stale_ckpt"):
             out[f"opt:{mode}"] = _case_option(mode)
     for value in out.values():

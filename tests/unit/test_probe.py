@@ -5,13 +5,21 @@ the reading is trusted only if the codes decode to that instance's own ``dequant
 size follows the memory budget (whole 32-row tiles, at least one); the fused kernel stands in for
 the type's write only where it writes the type's bytes. A type the probe cannot write or read is
 refused with the reason and the probe returns (a rank must still join the all-reduce).
+
+The gate (issue 32.5): a codes-holding type of another scale rule (the OCP spec's, as in
+tests/harness/ocp_mxfp8.py, here in TE's shape) must keep its own write even where its first
+blocks happen to agree with the kernel, or a param holding TE's bytes, wrong for that type, would
+pass with the kernel named as its judge.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+from mbridge_mxfp8_plugin.common.mxfp8_cast import mxfp8_quantize
 from mbridge_mxfp8_plugin.testing import te_mxfp8
 from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
 from mbridge_mxfp8_plugin.verify import fused
@@ -131,3 +139,129 @@ def test_a_type_it_cannot_write_is_refused_with_the_reason() -> None:
     reason = probed.refused[KEY]
     assert "TEShapedMXFP8Tensor" in reason and "no small instance of this type" in reason
     assert KEY not in probed.trusted
+
+
+# ------------------------------------------------------------- the gate: another rule, TE's bytes
+class _OCPRuleQuantizer(TEShapedMXFP8Quantizer):
+    """TE's shape (codes, E8M0 bytes, a quantizer), the OCP MX spec's scale rule: the rule of
+    tests/harness/ocp_mxfp8.py (``floor(log2(amax)) - 8``, saturating), written as codes."""
+
+    def copy(self) -> _OCPRuleQuantizer:
+        return _OCPRuleQuantizer(self.dtype, rowwise=self.rowwise_usage, columnwise=self.columnwise_usage)
+
+    def update_quantized(self, src: torch.Tensor, dst, *, noop_flag=None):  # type: ignore[no-untyped-def]
+        assert dst._rowwise_data is not None and dst._rowwise_scale_inv is not None
+        codes, scales = _ocp_cast(src.detach().reshape(-1, dst.shape[-1]))
+        dst._rowwise_data.copy_(codes.reshape(dst._rowwise_data.shape))
+        dst._rowwise_scale_inv[: scales.shape[0], : scales.shape[1]].copy_(scales)
+        return dst
+
+
+def _ocp_cast(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 codes ``(r, last)`` and E8M0 bytes ``(r, last / 32)`` by the OCP spec's rule."""
+    blocks = rows.float().reshape(rows.shape[0], -1, BLOCK)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    _, e = torch.frexp(amax)
+    shared = torch.where(amax > 0, e - 1 - 8, torch.full_like(e, -127)).clamp(-127, 127)
+    codes = torch.ldexp(blocks, -shared).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scales = (shared + 127).to(torch.uint8).reshape(rows.shape[0], -1)
+    return codes.view(torch.uint8).reshape(rows.shape), scales
+
+
+def _ocp_param(values: torch.Tensor) -> torch.Tensor:
+    return _OCPRuleQuantizer(rowwise=True, columnwise=False).quantize(values.to(torch.bfloat16))
+
+
+def _benign(rows: int = 32, last: int = 256) -> torch.Tensor:
+    """bf16 values whose every block has amax ``1.5 * 2**k``: amax mantissas at most 1.75, where
+    the OCP rule and TE's pick the same scale and so write the same bytes."""
+    gen = torch.Generator().manual_seed(11)
+    blocks = (torch.rand(rows, last // BLOCK, BLOCK, generator=gen) * 2 - 1) * 1.5
+    blocks[..., 0] = 1.5
+    blocks *= torch.exp2(torch.randint(-6, 7, (rows, last // BLOCK, 1), generator=gen).float())
+    return blocks.reshape(rows, last).to(torch.bfloat16)
+
+
+def _with_te_bytes(param: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``param`` holding what TE's rule writes for ``values``: for a type of another rule, wrong."""
+    codes, scales = te_mxfp8.mxfp8_cast(values)
+    param._rowwise_data.copy_(codes.view(torch.uint8).reshape(param._rowwise_data.shape))
+    param._rowwise_scale_inv[: scales.shape[0], : scales.shape[1]].copy_(scales)
+    return param
+
+
+def _kernel_differs(param: torch.Tensor, values: torch.Tensor) -> int:
+    """Bytes of ``param`` the fused kernel finds differing from TE's cast of ``values``."""
+    reader = reader_for(param)
+    assert isinstance(reader, Reader)
+    rows, last = values.shape
+    flags = torch.zeros(1, dtype=torch.int32)
+    blocks = Blocks(last=last, start=0, count=rows * last // BLOCK, step=1)
+    fused.compare(values.float().reshape(-1), 0, reader, blocks, True, flags, 0)
+    return int(flags[0])
+
+
+def _shard_check(params: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[Any, Probed]:
+    from mbridge_mxfp8_plugin.verify.batches import Owned
+    from mbridge_mxfp8_plugin.verify.report import WeightReport
+    from mbridge_mxfp8_plugin.verify.shard import ShardCheck
+
+    report, probed = WeightReport(event="test"), Probed()
+    check = ShardCheck(report, atol=0.0, stride=1, offset=0, budget_bytes=64 << 20, probed=probed)
+    for name, (param, main) in params.items():
+        reader = reader_for(param)
+        assert isinstance(reader, Reader)
+        check.add(name, param, reader, Owned(main.reshape(-1), 0, main.numel(), torch.bfloat16), mxfp8=True)
+    check.finish(max_names=5)
+    return report, probed
+
+
+def test_the_codes_type_of_another_rule_writes_the_harness_rule() -> None:
+    """The test type's rule is tests/harness/ocp_mxfp8.py's, and parts from TE's on the data."""
+    from harness.ocp_mxfp8 import ocp_quantize
+
+    values = (torch.randn(32, 256, generator=torch.Generator().manual_seed(3)) * 0.05).to(torch.bfloat16)
+    assert torch.equal(_ocp_param(values).dequantize(), ocp_quantize(values).to(torch.bfloat16))
+    assert not torch.equal(_ocp_param(values).dequantize(), mxfp8_quantize(values).to(torch.bfloat16))
+    benign = _benign()
+    te_bytes = _with_te_bytes(_ocp_param(benign), benign)
+    assert torch.equal(_ocp_param(benign)._rowwise_data, te_bytes._rowwise_data)
+    assert torch.equal(_ocp_param(benign)._rowwise_scale_inv, te_bytes._rowwise_scale_inv)
+
+
+@needs_fused
+@pytest.mark.parametrize("first", ["benign", "wrong"])
+def test_a_param_of_another_rule_holding_te_bytes_is_found_not_passed_by_the_kernel(first: str) -> None:
+    """Issue 32.5, the gate: the fused kernel answers "equal" for TE's bytes, so for a type of
+    another rule it must not stand in for the type's write. ``wrong`` holds what TE's rule makes
+    of its main shard (for this type, other values); ``benign`` blocks are written alike by both
+    rules. Where ``benign`` opens the batch key, its probe blocks agree with the kernel and only
+    the crafted blocks keep the gate shut. The report names ``wrong`` and no fused judge."""
+    values = (torch.randn(32, 256, generator=torch.Generator().manual_seed(3)) * 0.05).to(torch.bfloat16)
+    wrong = _with_te_bytes(_ocp_param(values), values)
+    assert _kernel_differs(wrong, values) == 0  # the kernel finds it equal to TE's cast
+    assert not torch.equal(wrong.dequantize(), _ocp_param(values).dequantize())  # wrong by its rule
+    params = {"wrong": (wrong, values.float())}
+    if first == "benign":
+        benign = _benign()
+        params = {"benign": (_ocp_param(benign), benign.float()), **params}
+    report, probed = _shard_check(params)
+    assert not probed.fused and not probed.refused, (probed.fused, probed.refused)
+    assert not report.ok and [m.name for m in report.shard_mismatches] == ["wrong"], report.message()
+    assert report.params_checked == len(params)
+    paths = report.reference_paths
+    assert paths and not any("fused" in p for p in paths), paths
+
+
+@needs_fused
+def test_the_same_layout_of_te_rule_is_judged_by_the_kernel() -> None:
+    """The control: with TE's own rule the same params are current, and the kernel judges them
+    (the gate is all that keeps it from the type above)."""
+    values = (torch.randn(32, 256, generator=torch.Generator().manual_seed(3)) * 0.05).to(torch.bfloat16)
+    benign = _benign()
+    te = TEShapedMXFP8Quantizer(rowwise=True, columnwise=False)
+    report, probed = _shard_check(
+        {"benign": (te.quantize(benign), benign.float()), "wrong": (te.quantize(values), values.float())}
+    )
+    assert probed.fused and report.ok, report.message()
+    assert any("fused" in p for p in report.reference_paths), report.reference_paths

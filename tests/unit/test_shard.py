@@ -1,17 +1,39 @@
-"""The shard check's fast path compares codes and scale bytes; where bytes differ it must still
-judge by value. A block re-encoded with another scale (what a checkpoint load does to about 5%
-of blocks) passes; a block whose value changed fails and is named. Single process, the kit's
-TE-shaped type, the verifier's ``ShardCheck`` driven directly with a main shard."""
+"""The shard check (verify/shard.py), driven directly on tensors in one process with a main shard:
+its fast paths (bytes, the fused kernel) only answer "equal"; a difference is judged by value and
+must reach the final report. Byte-differing blocks of equal value (what a checkpoint load makes
+of about 5% of blocks) pass; a changed value, a changed scale, and a NaN where the main shard has
+a number (issue 32.5) are named. At stride > 1 on rows of a multiple of 128 elements (the usual
+shape in real models: their scale rows have no tile padding) the sampled blocks' scales are read
+at their real positions, not as if contiguous. The kit's TE-shaped type, and bf16 params."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
+from mbridge_mxfp8_plugin.verify import fused
 from mbridge_mxfp8_plugin.verify.batches import Owned
-from mbridge_mxfp8_plugin.verify.read import reader_for
+from mbridge_mxfp8_plugin.verify.probe import Probed
+from mbridge_mxfp8_plugin.verify.read import BLOCK, Reader, reader_for
 from mbridge_mxfp8_plugin.verify.report import WeightReport
 from mbridge_mxfp8_plugin.verify.shard import ShardCheck
+
+#: The two judges of codes: the fused kernel where it can run here, and the type's own write.
+PATHS = [
+    pytest.param(
+        "fused",
+        marks=pytest.mark.skipif(not fused.available(torch.device("cpu")), reason="no fused kernel here"),
+    ),
+    "own write",
+]
+
+
+@pytest.fixture(params=PATHS)
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "own write":
+        monkeypatch.setenv("MXFP8_VERIFY_FUSED", "0")
+    return request.param
 
 
 def _param() -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,12 +46,22 @@ def _param() -> tuple[torch.Tensor, torch.Tensor]:
     return param, values.float().reshape(-1)
 
 
-def _check(param: torch.Tensor, main: torch.Tensor, budget: int = 64 << 20) -> WeightReport:
+def _check(
+    param: torch.Tensor,
+    main: torch.Tensor,
+    budget: int = 64 << 20,
+    *,
+    stride: int = 1,
+    offset: int = 0,
+    atol: float = 0.0,
+    probed: Probed | None = None,
+) -> WeightReport:
     report = WeightReport(event="test")
-    check = ShardCheck(report, atol=0.0, stride=1, offset=0, budget_bytes=budget)
-    reader = reader_for(param)
+    check = ShardCheck(report, atol=atol, stride=stride, offset=offset, budget_bytes=budget, probed=probed)
+    reader = reader_for(param) if hasattr(param, "_rowwise_data") else Reader(param.reshape(-1))
     assert not isinstance(reader, str)
-    check.add("w", param, reader, Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=True)
+    mxfp8 = reader.scales is not None
+    check.add("w", param, reader, Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=mxfp8)
     check.finish(max_names=5)
     return report
 
@@ -74,3 +106,91 @@ def test_changed_scale_is_caught() -> None:
     param._rowwise_scale_inv[3, 1] += 1  # every element of that block doubles
     report = _check(param, main)
     assert not report.ok and report.shard_mismatches[0].elements > 0
+
+
+# ------------------------------------------------------------------ NaN reaches the final report
+def test_a_nan_in_a_param_where_the_main_shard_has_a_number_is_wrong(path: str) -> None:
+    """Issue 32.5: the kernel counts it, and so must the value re-judge of the flagged batch
+    (``_attribute_codes``), which is what fills the report: a NaN never compares equal."""
+    param, main = _param()
+    param._rowwise_data[5, 40] = 0x7F  # E4M3 NaN; the main shard holds a number there
+    report = _check(param, main)
+    assert not report.ok and report.shard_mismatch_count == 1, report.message()
+    (m,) = report.shard_mismatches
+    assert m.name == "w" and m.elements == 1 and m.max_abs_diff == float("inf")
+    assert any(("fused" in p) == (path == "fused") for p in report.reference_paths), report.reference_paths
+
+
+def test_nan_on_both_sides_at_the_same_place_is_equal(path: str) -> None:
+    """docs/verify.md: a param holding NaN where its main shard does is current (the check judges
+    currency, not finiteness). The type is probed on the finite weights of an earlier check, as
+    in a job whose weights went NaN after its first check."""
+    param, main = _param()
+    probed = Probed()
+    assert _check(param, main, probed=probed).ok
+    main[5 * 128 + 40] = float("nan")
+    values = main.view(64, 128).to(torch.bfloat16)
+    param = TEShapedMXFP8Quantizer(rowwise=True, columnwise=False).quantize(values)
+    assert int(param._rowwise_data[5, 40]) & 0x7F == 0x7F
+    report = _check(param, main, probed=probed)
+    assert report.ok and report.params_checked == 1, report.message()
+
+
+@pytest.mark.parametrize("atol", [0.0, 1e-3])
+def test_a_nan_in_a_bf16_param_is_wrong_exact_or_within_atol(atol: float) -> None:
+    """The value path (bf16 params, value-holding types): the batch verdict and the per-param
+    count both see the NaN, with ``atol`` 0 (``!=``) and above (``<= atol`` is false for NaN)."""
+    torch.manual_seed(1)
+    main = torch.randn(16 * 64)
+    param = main.to(torch.bfloat16)
+    assert _check(param, main, atol=atol).ok
+    param[3 * 64 + 7] = float("nan")
+    report = _check(param, main, atol=atol)
+    assert not report.ok and report.shard_mismatch_count == 1, report.message()
+    assert report.shard_mismatches[0].elements == 1
+
+
+# ---------------------------------------------------- sampled scales on rows of 128k elements
+ROWS, LAST, STRIDE = 64, 256, 16  # 8 blocks a row: scale rows unpadded (TE pads to 4 columns)
+
+
+def _wide_param() -> tuple[torch.Tensor, torch.Tensor]:
+    """A TE-shaped (64, 256) param whose blocks all have other scales (amax 2**-8 .. 2**8 at
+    random), written by TE's rule from its fp32 main."""
+    gen = torch.Generator().manual_seed(5)
+    blocks = torch.randn(ROWS, LAST // BLOCK, BLOCK, generator=gen)
+    blocks *= torch.exp2(torch.randint(-8, 9, (ROWS, LAST // BLOCK, 1), generator=gen).float())
+    values = blocks.reshape(ROWS, LAST).to(torch.bfloat16)
+    param = TEShapedMXFP8Quantizer(rowwise=True, columnwise=False).quantize(values)
+    return param, values.float().reshape(-1)
+
+
+def test_wide_param_has_unpadded_scale_rows_of_varied_bytes() -> None:
+    """The preconditions: the reader sees one scale byte per block (no padding columns: the
+    strided read), and neighbouring blocks' scales differ (a contiguous misread would show)."""
+    param, _ = _wide_param()
+    reader = reader_for(param)
+    assert isinstance(reader, Reader) and reader.scale_cols == LAST // BLOCK
+    scales = param._rowwise_scale_inv[:ROWS].reshape(-1)
+    assert (scales[1:] != scales[:-1]).float().mean() > 0.8
+
+
+@pytest.mark.parametrize("offset", range(STRIDE))
+def test_sampled_scales_of_whole_tile_rows_read_at_their_positions(path: str, offset: int) -> None:
+    """Issue 32.5: at the default sample (1/16) on rows of 256 elements the current param
+    passes at every phase, and one sampled block's corrupted scale is named with exactly that
+    block's elements (each of them doubles), by the phase that samples it only."""
+    param, main = _wide_param()
+    clean = _check(param, main, stride=STRIDE, offset=offset)
+    assert clean.ok, clean.message()
+    assert clean.elements_checked == ROWS * LAST // STRIDE
+    bad = 5 * (LAST // BLOCK) + 3  # global block 43: sampled where offset % 16 == 11
+    row, col = divmod(bad, LAST // BLOCK)
+    nonzero = int((main.view(ROWS, LAST)[row, col * BLOCK : (col + 1) * BLOCK] != 0).sum())
+    param._rowwise_scale_inv[row, col] += 1
+    report = _check(param, main, stride=STRIDE, offset=offset)
+    if offset != bad % STRIDE:
+        assert report.ok, report.message()  # not a sampled block at this phase
+        return
+    assert not report.ok and report.shard_mismatch_count == 1, report.message()
+    assert report.shard_mismatches[0].elements == nonzero > 0, report.message()

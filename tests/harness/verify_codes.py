@@ -1,0 +1,139 @@
+"""Rank cases of the verifier on params holding codes and scales, in every ranks pass (issue 32.5).
+
+Run from :func:`harness.verify_cases.verify_rank` in the session's one verifier launch. The other
+cases build the kind ``MXFP8_PARAM_KIND`` selects (the kit's value-holding type by default), where
+the fused kernel and the scale bytes never come into play; this one builds the kit's TE-shaped
+type (codes, E8M0 bytes, a quantizer) whatever the pass, with weight rows of 256 and 128 elements
+(a multiple of 128: scale rows without tile padding, as in real models), so the default pass too
+runs the fused kernel on real megatron-core shards, reads sampled scales at stride 16, and folds
+scale bytes for the replica check. Beside it, a case where only rank 0's owned shard differs and
+the replicas agree: rank 1 learns of it only from the mismatch count the all-reduce carries.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .verify_loop import ITERS, train
+
+__all__ = ["case_codes", "case_peer"]
+
+#: Weights (128, 256), (128, 128), (32, 128): rows of 256 and 128 elements.
+DIMS = (256, 128, 128, 32)
+
+
+def _whole_row_slices(job: Any) -> list[tuple[str, Any, int, int]]:
+    """(name, param, start, end) of this rank's owned slices of TE-shaped weights whose rows are
+    a multiple of 128 elements and that hold at least one whole row, by name."""
+    from mbridge_mxfp8_plugin.verify.weights import _owned_shards
+
+    owned, _ = _owned_shards(job.optimizer)
+    names = {p: n for n, p in job.model[0].named_parameters()}
+    out = []
+    for p, o in owned.items():
+        if hasattr(p, "_rowwise_data") and p.shape[-1] % 128 == 0 and o.end - o.start >= 2 * p.shape[-1]:
+            out.append((names[p], p, o.start, o.end))
+    return sorted(out, key=lambda t: (-t[1].shape[-1], t[0]))
+
+
+def _scale_of_first_whole_row(param: Any, start: int) -> tuple[int, int]:
+    """(row, column) of the scale byte of block 3 of the first whole row from ``start``."""
+    last = param.shape[-1]
+    return -(-start // last), 3
+
+
+def _checks(job: Any, event: str) -> dict[str, Any]:
+    from mbridge_mxfp8_plugin import verify_weights
+    from mbridge_mxfp8_plugin.options import DEFAULT_VERIFY_SAMPLE
+
+    stride = round(1 / DEFAULT_VERIFY_SAMPLE)
+    return {
+        "full": verify_weights(job.model, job.optimizer, event=event, sample=1.0),
+        "sampled": [verify_weights(job.model, job.optimizer, event=event, offset=i) for i in range(stride)],
+    }
+
+
+def case_codes() -> dict[str, Any]:
+    """The kit's TE-shaped type, rows of 256 / 128 elements. Current weights: the full check and
+    every phase of the default sample are silent, judged by the fused kernel where it can run.
+    One scale byte of a sampled block in rank 0's slice (its codes untouched): rank 0's full check
+    names it, exactly one phase of 16 of the sampled check names it, and every rank's replica
+    check names it. One scale byte drifts on rank 1 only, in a block of rank 0's slice: no shard
+    check sees it, every rank's replica check must."""
+    from mbridge_mxfp8_plugin import ensure_weights_current
+    from mbridge_mxfp8_plugin.testing.te_mxfp8 import te_shaped_mxfp8
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+
+    rank = torch.distributed.get_rank()
+    saved = os.environ.get("MXFP8_PARAM_KIND")
+    os.environ["MXFP8_PARAM_KIND"] = "te"  # the toy builds its MXFP8 weights of this kind
+    rec: dict[str, Any] = {}
+    try:
+        with te_shaped_mxfp8():
+            job = build_job(ToyConfig(dims=DIMS))
+            train(job, ITERS)
+            ensure_weights_current(job.model, job.optimizer)
+            rec["clean"] = _checks(job, "codes clean")
+            mine = _whole_row_slices(job)
+            picked = None
+            if mine:
+                name, param, start, _ = mine[0]
+                picked = (name, *_scale_of_first_whole_row(param, start))
+            picks: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(picks, picked)
+            assert picks[0] is not None, "rank 0 owns no whole row of a 128k-row TE-shaped weight"
+            name, row, col = picks[0]
+            param = dict(job.model[0].named_parameters())[name]
+            per_row = param.shape[-1] // 32
+            rec["scale_name"], rec["scale_block"] = name, row * per_row + col
+            scales = param._rowwise_scale_inv
+            if rank == 0:
+                scales[row, col] += 1  # every element of that block doubles; no code bit changes
+            rec["scale"] = _checks(job, "codes scale")
+            if rank == 0:
+                scales[row, col] -= 1
+            rec["restored"] = _checks(job, "codes restored")["full"]
+            if rank == 1:
+                scales[row, col] += 1  # rank 1's copy drifts where rank 0 owns the block
+            rec["drift"] = _checks(job, "codes drift")["full"]
+            if rank == 1:
+                scales[row, col] -= 1
+            rec["job"] = job
+    finally:
+        if saved is None:
+            os.environ.pop("MXFP8_PARAM_KIND", None)
+        else:
+            os.environ["MXFP8_PARAM_KIND"] = saved
+    return rec
+
+
+def case_peer() -> dict[str, Any]:
+    """Rank 0's fp32 main shard of its largest owned slice moves by 1.0 after the weights were
+    made current (what an optimizer step whose gather never came does to one rank's shard): the
+    params stay alike on both replicas, so the replica check sees nothing; rank 0's shard check
+    finds it, and rank 1, whose own shard is current, learns of it only from the count the
+    all-reduce carries (``peer_mismatch_count``). Full and default sample."""
+    from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+    from mbridge_mxfp8_plugin.verify.weights import _owned_shards
+
+    job = build_job(ToyConfig())
+    train(job, ITERS)
+    ensure_weights_current(job.model, job.optimizer)
+    rec: dict[str, Any] = {"clean": verify_weights(job.model, job.optimizer, event="peer clean", sample=1.0)}
+    owned, _ = _owned_shards(job.optimizer)
+    own = max(owned.values(), key=lambda o: o.end - o.start)
+    saved = own.main.detach().clone()
+    if torch.distributed.get_rank() == 0:
+        with torch.no_grad():
+            own.main.add_(1.0)
+    rec["full"] = verify_weights(job.model, job.optimizer, event="peer", sample=1.0)
+    rec["sampled"] = verify_weights(job.model, job.optimizer, event="peer")
+    with torch.no_grad():
+        own.main.copy_(saved)
+    rec["restored"] = verify_weights(job.model, job.optimizer, event="peer restored", sample=1.0)
+    rec["job"] = job
+    return rec
