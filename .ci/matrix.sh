@@ -27,7 +27,9 @@ declare -A CELL=(
     [core0192]="3.12 0.6.2"
 )
 ORDER=(core0140 core0153 core0161 core0171 core0182 core0192)
-# Cells whose Bridge release also runs its own pretrain() (tests/bridge_real/test_bridge_real.py): the pairs users run.
+# Cells whose Bridge release also runs its own pretrain() (tests/bridge_real/test_bridge_real.py, and
+# test_verify_real.py: the weight check at every eval, test, save - Bridge >= 0.5 has the save hook -
+# and train end through the launcher): the pairs users run.
 # Their extra packages (transformers, nvidia-modelopt, ...) are in the 3.12 base venv. The 4-rank
 # pipeline-parallel run (PP=2 x DP=2, VP=2) and the defect-F resume comparison with real torch_dist
 # checkpoints (tests/bridge_real/test_resume_real.py, three launches) run in the main tier only, to
@@ -162,7 +164,8 @@ print(f'python {sys.version.split()[0]}  torch {v(\"torch\")}  megatron-core {v(
         echo "[$cell] Megatron-Bridge's real pretrain() ($(disk))"
         # shellcheck disable=SC2086
         if PYTHONPATH=.matrix/$cell MXFP8_MATRIX_CELL=$cell MXFP8_REAL_BRIDGE=require NO_VCS_VERSION=1 \
-            "$py" -m pytest -q -p no:cacheprovider tests/bridge_real/test_bridge_real.py -k "not pipeline" \
+            "$py" -m pytest -q -p no:cacheprovider tests/bridge_real/test_bridge_real.py \
+            tests/bridge_real/test_verify_real.py -k "not pipeline" \
             ${MATRIX_PYTEST_ARGS:-}; then
             RESULT[$cell]="${RESULT[$cell]}, real pretrain passed ($((SECONDS - t1)) s)"
         else

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -112,6 +113,23 @@ def run_rank(jobs: list[tuple[list[str], Corruption | None, str | None]]) -> lis
     return out
 
 
+@contextlib.contextmanager
+def _stdout(out: list[str]) -> Iterator[None]:
+    """What this rank writes on file descriptor 1 while the run lasts."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read().decode(errors="replace"))
+
+
 def _launched(argv: list[str], corruption: Corruption | None, save_dir: str | None) -> VerifyRun:
     from megatron.bridge.training.callbacks import VALID_EVENTS
 
@@ -121,8 +139,10 @@ def _launched(argv: list[str], corruption: Corruption | None, save_dir: str | No
     run = VerifyRun(["--recipe", RECIPE, *argv], corruption=corruption)
     run.has_save_hook = "on_checkpoint_save" in VALID_EVENTS
     captured: list[str] = []
+    stdout: list[str] = []
     began = time.monotonic()
-    with _stderr_and_fresh_plugin_logger(captured), _spying(run):
+    # Bridge >= 0.5 configures logging onto stdout, where the plugin's lines then go: both count.
+    with _stdout(stdout), _stderr_and_fresh_plugin_logger(captured), _spying(run):
         try:
             run.rc = main(run.argv, callbacks=[_Recorder(run.result, False)])
         except Exception as exc:  # noqa: BLE001 - the strict check's error is what the test asserts
@@ -130,7 +150,7 @@ def _launched(argv: list[str], corruption: Corruption | None, save_dir: str | No
             run.raised_plugin_error = isinstance(exc, MXFP8PluginError)
             print(f"raised {run.raised}", file=sys.stderr)
     run.wall_s = time.monotonic() - began
-    run.log = captured[0]
+    run.log = captured[0] + stdout[0]
     if save_dir is not None:
         run.saved = sorted(int(p.name.removeprefix("iter_")) for p in Path(save_dir).glob("iter_*"))
     return run
