@@ -7,48 +7,20 @@ tests/bridge_real/test_launch.py.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
-import os
 from pathlib import Path
 
 import pytest
 import torch
-
-from mbridge_mxfp8_plugin.commands.launch import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny_gpt_mxfp8_launch.yaml"
 #: the recipe function of the tests: the real tier's tiny GPT ConfigContainer, MXFP8 knobs off
 JOB = "harness.bridge_real.launcher_job:tiny_gpt_config"
 
-_BRIDGE_MISSING = [
-    n
-    for n in ("transformers", "modelopt", "omegaconf", "megatron.bridge")
-    if importlib.util.find_spec(n) is None
-]
 
 # ``main`` gives the plugin's logger a stderr handler (tests/conftest.py puts it back after each test).
 pytestmark = pytest.mark.usefixtures("plugin_logger_restored")
-
-
-@pytest.fixture(scope="module")
-def dry_run():
-    """``main(["--dry-run", ...])`` in this process on Bridge's real recipe flow (its
-    ``omegaconf_utils``, ``pretrain`` module and ``ConfigContainer``), TE and CUDA stood in for by
-    ``bridge_on_cpu``; returns ``(exit status, stdout, stderr)``."""
-    from harness.bridge_cpu import bridge_on_cpu
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        with bridge_on_cpu(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(["--dry-run", *argv])
-        return rc, out.getvalue(), err.getvalue()
-
-    if _BRIDGE_MISSING and os.environ.get("MXFP8_REAL_BRIDGE") != "require":
-        pytest.skip(f"needs {_BRIDGE_MISSING}")
-    return run
 
 
 def _knob(out: str, name: str) -> str:
