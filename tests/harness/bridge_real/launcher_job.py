@@ -101,28 +101,39 @@ class _KnobProbe:
 
 
 @contextlib.contextmanager
+def captured_fd(fd: int, out: list[str]) -> Iterator[None]:
+    """What this process writes on file descriptor ``fd`` (1 or 2) while the block runs, whichever
+    Python object or handler writes it; appended to ``out`` at the end."""
+    stream = sys.stdout if fd == 1 else sys.stderr
+    stream.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            stream.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read().decode(errors="replace"))
+
+
+@contextlib.contextmanager
 def _stderr_and_fresh_plugin_logger(out: list[str]) -> Iterator[None]:
     """Capture file descriptor 2, whichever handler writes there (the one the launcher installs,
     or a root handler: Bridge's mixed-precision setup calls ``logging.debug``, which runs
     ``basicConfig`` on an unconfigured root). Afterwards put the plugin's logger back as a fresh
     process has it, so each run installs its own."""
     plugin_logger = logging.getLogger("mbridge_mxfp8_plugin")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
+    try:
+        with captured_fd(2, out):
             yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            out.append(tmp.read().decode(errors="replace"))
-            for handler in list(plugin_logger.handlers):
-                plugin_logger.removeHandler(handler)
-            plugin_logger.setLevel(logging.NOTSET)
-            plugin_logger.propagate = True
+    finally:
+        for handler in list(plugin_logger.handlers):
+            plugin_logger.removeHandler(handler)
+        plugin_logger.setLevel(logging.NOTSET)
+        plugin_logger.propagate = True
 
 
 def run_rank(yaml_path: str) -> dict[str, LauncherRun]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from harness.bridge_real.launcher_job import (
     RECIPE,
     _mxfp8_mixed_precision_without_te,
     _stderr_and_fresh_plugin_logger,
+    captured_fd,
 )
 from harness.bridge_real.worker import RankResult, _dequantize_like_te2, _Recorder
 
@@ -113,23 +113,6 @@ def run_rank(jobs: list[tuple[list[str], Corruption | None, str | None]]) -> lis
     return out
 
 
-@contextlib.contextmanager
-def _stdout(out: list[str]) -> Iterator[None]:
-    """What this rank writes on file descriptor 1 while the run lasts."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 1)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-            tmp.seek(0)
-            out.append(tmp.read().decode(errors="replace"))
-
-
 def _launched(argv: list[str], corruption: Corruption | None, save_dir: str | None) -> VerifyRun:
     from megatron.bridge.training.callbacks import VALID_EVENTS
 
@@ -142,7 +125,7 @@ def _launched(argv: list[str], corruption: Corruption | None, save_dir: str | No
     stdout: list[str] = []
     began = time.monotonic()
     # Bridge >= 0.5 configures logging onto stdout, where the plugin's lines then go: both count.
-    with _stdout(stdout), _stderr_and_fresh_plugin_logger(captured), _spying(run):
+    with captured_fd(1, stdout), _stderr_and_fresh_plugin_logger(captured), _spying(run):
         try:
             run.rc = main(run.argv, callbacks=[_Recorder(run.result, False)])
         except Exception as exc:  # noqa: BLE001 - the strict check's error is what the test asserts
