@@ -40,13 +40,10 @@ import torch
 from ..engine.sync import ParamSyncEngine
 from ..errors import MXFP8UsageError
 from ..options import PluginOptions
-from .session import FromSession, Session, bridge_resumed
+from .session import Session, SessionFace, bridge_resumed
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections import deque
-
-    from ..engine.sync import SyncStats
-    from ..verify import WeightReport
+    pass
 
 __all__ = ["MXFP8ParamSyncCallback"]
 
@@ -56,7 +53,7 @@ __all__ = ["MXFP8ParamSyncCallback"]
 EXIT_DURATION_MARGIN_S = 120.0
 
 
-class MXFP8ParamSyncCallback:
+class MXFP8ParamSyncCallback(SessionFace):
     """Keeps MXFP8 params correct around eval, test and checkpoint saves in Megatron-Bridge.
 
     Args:
@@ -66,13 +63,6 @@ class MXFP8ParamSyncCallback:
     """
 
     framework = "Bridge"
-    #: the session's state, as attributes of this entry point (docs, tests and users read them)
-    options: FromSession[PluginOptions] = FromSession()
-    engine: FromSession[ParamSyncEngine | None] = FromSession()
-    inactive_reason: FromSession[str | None] = FromSession()
-    last_stats: FromSession[SyncStats | None] = FromSession()
-    last_report: FromSession[WeightReport | None] = FromSession()
-    history: FromSession[deque[tuple[str, SyncStats]]] = FromSession()
 
     def __init__(self, options: PluginOptions | None = None, **overrides: Any) -> None:
         self.session = Session(self.framework, type(self).__name__, options, overrides)

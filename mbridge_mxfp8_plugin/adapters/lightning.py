@@ -42,13 +42,10 @@ from ..engine.sync import ParamSyncEngine
 from ..errors import MXFP8UsageError
 from ..mcore.layout import distributed_optimizers
 from ..options import PluginOptions
-from .session import FromSession, Session, find_model_chunks
+from .session import Session, SessionFace, find_model_chunks
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections import deque
-
-    from ..engine.sync import SyncStats
-    from ..verify import WeightReport
+    pass
 
 __all__ = ["MXFP8ParamSyncLightningCallback", "find_megatron_optimizer", "find_model_chunks"]
 
@@ -86,7 +83,7 @@ def find_megatron_optimizer(candidates: Iterable[Any]) -> Any | None:
     return None
 
 
-class MXFP8ParamSyncLightningCallback(Callback):
+class MXFP8ParamSyncLightningCallback(Callback, SessionFace):
     """Keeps MXFP8 params correct around validation, test and checkpoint saves in Lightning.
 
     Args:
@@ -101,13 +98,6 @@ class MXFP8ParamSyncLightningCallback(Callback):
     """
 
     framework = "Lightning"
-    #: the session's state, as attributes of this entry point (docs, tests and users read them)
-    options: FromSession[PluginOptions] = FromSession()
-    engine: FromSession[ParamSyncEngine | None] = FromSession()
-    inactive_reason: FromSession[str | None] = FromSession()
-    last_stats: FromSession[SyncStats | None] = FromSession()
-    last_report: FromSession[WeightReport | None] = FromSession()
-    history: FromSession[deque[tuple[str, SyncStats]]] = FromSession()
 
     def __init__(
         self,

@@ -58,17 +58,15 @@ from ..engine.sync import ParamSyncEngine, SyncStats
 from ..errors import MXFP8UsageError
 from ..options import PluginOptions
 from ..probes import probe_core
-from .session import FromSession, Session
+from .session import Session, SessionFace
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections import deque
-
     from ..verify import WeightReport
 
 __all__ = ["MXFP8ParamSync", "mxfp8_param_sync"]
 
 
-class MXFP8ParamSync:
+class MXFP8ParamSync(SessionFace):
     """Keeps MXFP8 params correct around the forced param syncs of a hand-written training loop.
 
     Build it with :func:`mxfp8_param_sync`. Every method is safe to call on every rank at the
@@ -79,13 +77,6 @@ class MXFP8ParamSync:
     """
 
     framework = "loop API"
-    #: the session's state, as attributes of this entry point (docs, tests and users read them)
-    options: FromSession[PluginOptions] = FromSession()
-    engine: FromSession[ParamSyncEngine | None] = FromSession()
-    inactive_reason: FromSession[str | None] = FromSession()
-    last_stats: FromSession[SyncStats | None] = FromSession()
-    last_report: FromSession[WeightReport | None] = FromSession()
-    history: FromSession[deque[tuple[str, SyncStats]]] = FromSession()
 
     def __init__(self, model_chunks: Sequence[Any], optimizer: Any, options: PluginOptions) -> None:
         self.session = Session(self.framework, type(self).__name__, options)

@@ -31,6 +31,7 @@ __all__ = [
     "HISTORY_LENGTH",
     "FromSession",
     "Session",
+    "SessionFace",
     "bridge_resumed",
     "find_model_chunks",
     "validate_live_job",
@@ -305,6 +306,20 @@ class FromSession(Generic[_T]):
 
     def __set__(self, obj: object, value: _T) -> None:
         setattr(obj.session, self.name, value)  # type: ignore[attr-defined]
+
+
+class SessionFace:
+    """The attributes an entry point shows of its :class:`Session` (``engine``, ``options``,
+    ``last_report``, ...): declared once for the three adapters, which hold no other state of it
+    and call the session's methods themselves. No behaviour lives here."""
+
+    session: Session
+    options: FromSession[PluginOptions] = FromSession()
+    engine: FromSession[ParamSyncEngine | None] = FromSession()
+    inactive_reason: FromSession[str | None] = FromSession()
+    last_stats: FromSession[SyncStats | None] = FromSession()
+    last_report: FromSession[WeightReport | None] = FromSession()
+    history: FromSession[deque[tuple[str, SyncStats]]] = FromSession()
 
 
 def validate_live_job(
