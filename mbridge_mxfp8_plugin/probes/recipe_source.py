@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,14 +165,10 @@ def _provider_in_helpers(path: Path, tree: ast.AST, depth: int) -> tuple[str | N
                     return local[ast.unparse(value.func)], ""
                 if isinstance(value, ast.Call):
                     return _provider(path, value)
-    if depth > 0:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                found = _helper(path, node.func.id)
-                if found is not None:
-                    provider, why = _provider_in_helpers(found[0], found[1], depth - 1)
-                    if provider is not None or why != _NO_MODEL:
-                        return provider, why
+    for where, helper in _helpers(path, tree) if depth > 0 else ():
+        provider, why = _provider_in_helpers(where, helper, depth - 1)
+        if provider is not None or why != _NO_MODEL:
+            return provider, why
     return None, _NO_MODEL
 
 
@@ -200,18 +197,25 @@ def _comm_overlap(path: Path, tree: ast.AST, depth: int) -> dict[str, Any] | Non
     known = [value for _, value in sorted(said, key=lambda s: s[0]) if value != UNSTATED]
     if known:
         return known[-1]
-    if depth == 0:
-        return UNSTATED
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            found = _helper(path, node.func.id)
-            if found is not None:
-                value = _comm_overlap(found[0], found[1], depth - 1)
-                if value != UNSTATED:
-                    return value
+    for where, helper in _helpers(path, tree) if depth > 0 else ():
+        value = _comm_overlap(where, helper, depth - 1)
+        if value != UNSTATED:
+            return value
     return UNSTATED
 
 
+def _helpers(path: Path, tree: ast.AST) -> Iterator[tuple[Path, ast.AST]]:
+    """The functions ``tree`` calls by plain name whose source can be found, each once, in the
+    order of the walk: where a recipe's section is set when the recipe does not set it itself."""
+    calls = (node for node in ast.walk(tree) if isinstance(node, ast.Call))
+    names = dict.fromkeys(call.func.id for call in calls if isinstance(call.func, ast.Name))
+    for name in names:
+        found = _helper(path, name)
+        if found is not None:
+            yield found
+
+
+@functools.lru_cache(maxsize=64)
 def _helper(path: Path, name: str) -> tuple[Path, ast.AST] | None:
     """The source of function ``name`` as the module at ``path`` sees it: defined there, or
     imported by ``from module import name`` from a file that can be found."""
