@@ -196,25 +196,39 @@ def credit(source: Any, overrides: Sequence[str], finding: Any) -> str:
     return str(source)
 
 
+def _fixed_class(key: str, provider: str | None = None) -> Any:
+    """``(section, field, the section's fields)`` for a ``section.field`` key whose section is one
+    known class: the ConfigContainer's, or for ``model`` the provider class ``--recipe`` names;
+    None for a deeper key or an open section (its class is the base recipe's to decide)."""
+    from ..probes.fields import section_fields, target_fields
+
+    section, _, rest = key.partition(".")
+    if not rest or "." in rest:
+        return None
+    known = target_fields(provider) if provider and section == "model" else section_fields(section)
+    return (section, rest, known) if known.fixed and known.fields is not None else None
+
+
 def _missing_deletion(deletions: list[str]) -> str | None:
     """A ``~section.key`` whose key no base recipe can hold: Hydra, as Bridge and the launcher
     call it, refuses it ("Could not delete from config"), so check must not pass it as "not
     checked". Judged only where the installed Bridge fixes the section to one class; deeper keys
     and open sections stay with the base recipe."""
-    from ..probes.fields import container_sections, section_fields
+    from ..probes.fields import container_sections
 
     sections = container_sections() if deletions else None
     for key in deletions:
-        section, _, rest = key.partition(".")
+        section = key.partition(".")[0]
         if sections is not None and section not in sections:
             return (
                 f"override '~{key}': {section!r} is not a section of Bridge's ConfigContainer, "
                 "so there is nothing to delete; drop the override"
             )
-        if not rest or "." in rest:
+        fixed = _fixed_class(key)
+        if fixed is None:
             continue
-        known = section_fields(section)
-        if known.fixed and known.fields is not None and rest not in known.fields:
+        _, rest, known = fixed
+        if rest not in known.fields:
             return (
                 f"override '~{key}': {known.owner} has no field {rest!r}, so Bridge's Hydra parse refuses "
                 f"it (\"Could not delete from config. '{key}' does not exist.\"); drop the override"
@@ -226,20 +240,15 @@ def missing_override(overrides: Sequence[str], base: Any) -> str | None:
     """A ``section.key=value`` (no ``+``) whose key the section's known class lacks: Hydra, as
     Bridge and the launcher call it, refuses to override it ("Key ... is not in struct"), so this is
     input that cannot be applied (exit 2), as for a deletion of a missing key."""
-    from ..probes.fields import section_fields, target_fields
-
     for text in overrides:
         if text.startswith(("+", "~")) or "=" not in text:
             continue
         key = text.partition("=")[0]
-        section, _, rest = key.partition(".")
-        if not rest or "." in rest or section == "mxfp8_plugin":
+        fixed = _fixed_class(key, getattr(base, "provider", None))
+        if fixed is None or fixed[0] == "mxfp8_plugin":
             continue
-        provider = getattr(base, "provider", None) if section == "model" else None
-        if section == "model" and not provider:
-            continue
-        known = target_fields(provider) if provider else section_fields(section)
-        if known.fixed and known.fields is not None and rest not in known.fields:
+        _, rest, known = fixed
+        if rest not in known.fields:
             near = difflib.get_close_matches(rest, list(known.fields), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             return (
@@ -255,19 +264,16 @@ def existing_addition(overrides: Sequence[str], base: Any) -> str | None:
     holding None it lets through). Judged where the section's class is known (fixed by the
     ConfigContainer, or the model provider ``--recipe`` names), the field's default is a literal
     other than None, and the base recipe's source does not assign it."""
-    from ..probes.fields import MISSING, section_fields, target_fields
+    from ..probes.fields import MISSING
 
     for text in overrides:
         if not text.startswith("+") or text.startswith("++") or "=" not in text:
             continue
         key = text[1:].partition("=")[0]
-        section, _, rest = key.partition(".")
-        if not rest or "." in rest:
+        fixed = _fixed_class(key, getattr(base, "provider", None))
+        if fixed is None or fixed[1] not in fixed[2].fields:
             continue
-        provider = getattr(base, "provider", None) if section == "model" else None
-        known = target_fields(provider) if provider else section_fields(section)
-        if not (known.fixed and known.fields is not None and rest in known.fields):
-            continue
+        section, rest, known = fixed
         field = dict.get(known.fields, rest) if isinstance(known.fields, dict) else None
         default = getattr(field, "default", MISSING)  # a LazyFields holds Field records
         assigned = section == "model" and rest in (getattr(base, "model", None) or {})
