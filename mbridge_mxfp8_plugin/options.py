@@ -26,8 +26,24 @@ PLUGIN_SECTION = "mxfp8_plugin"
 DEFAULT_VERIFY_SAMPLE = 0.0625
 
 
+class _OptionsDoc(type):
+    """``PluginOptions.__doc__`` with every option's docstring, made when asked (``help()``, the
+    docs), not at import: reading them parses this file, which ``check`` would pay on every run."""
+
+    @property
+    def __doc__(cls) -> str | None:  # type: ignore[override]
+        doc = cls.__dict__.get("_full_doc")
+        if doc is None and not _BUILDING:
+            doc = _with_option_docs(cls.__dict__.get("__doc__"))
+            type.__setattr__(cls, "_full_doc", doc)
+        return doc if doc is not None else cls.__dict__.get("__doc__")
+
+
+_BUILDING = True  # the dataclass decorator reads __doc__ before the class has a name
+
+
 @dataclass(frozen=True)
-class PluginOptions:
+class PluginOptions(metaclass=_OptionsDoc):
     """How the plugin runs. Defaults are the safe choice on every release pair.
 
     An option that names one framework is read only by that framework's entry point (the others
@@ -192,7 +208,7 @@ def _with_option_docs(doc: str | None) -> str:
     return (doc or "").rstrip() + "\n\nOptions:\n\n" + "\n\n".join(lines) + "\n"
 
 
-PluginOptions.__doc__ = _with_option_docs(PluginOptions.__doc__)
+_BUILDING = False
 
 
 def _refuse_unknown(names: Any) -> None:

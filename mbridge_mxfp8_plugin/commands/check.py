@@ -15,7 +15,6 @@ message names the file or knob and says what was expected.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import re
 import sys
@@ -249,6 +248,8 @@ def missing_override(overrides: Sequence[str], base: Any) -> str | None:
             continue
         _, rest, known = fixed
         if rest not in known.fields:
+            import difflib  # the error path only
+
             near = difflib.get_close_matches(rest, list(known.fields), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             return (

@@ -23,7 +23,6 @@ base's value when merged), are kept as :class:`BaseRef` ("not checked"), never g
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import io
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -343,6 +342,8 @@ def unappliable(obj: Any, data: Mapping[str, Any], prefix: str = "") -> list[str
         if key.startswith("_") and key.endswith("_"):  # _target_, _call_, ...: Bridge's instantiation
             continue
         if not hasattr(obj, key):
+            import difflib  # the error path only
+
             close = difflib.get_close_matches(key, names, n=1)
             out.append(
                 f"{path} is not a field of {type(obj).__name__}"

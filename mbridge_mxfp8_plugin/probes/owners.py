@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..mcore.layout import has_layer_wise_marks
 from ._source import block, megatron_subdir, read_text
 
 __all__ = [
@@ -146,7 +145,7 @@ def model_sync_owner(model_chunks: Sequence[Any] | None) -> SyncOwner | None:
             config = getattr(obj, "ddp_config", None)
             if config is not None and getattr(config, "use_megatron_fsdp", False):
                 return SyncOwner(MEGATRON_FSDP, f"{type(obj).__name__}.ddp_config.use_megatron_fsdp=True")
-            if isinstance(own.get("buffers"), (list, tuple)) and has_layer_wise_marks(obj):
+            if isinstance(own.get("buffers"), (list, tuple)) and _layer_wise(obj):
                 return SyncOwner(LAYER_WISE, "buckets marked as LayerWise-managed by megatron-core")
     return None
 
@@ -211,3 +210,10 @@ def probe_owner_files(core_dir: str | None = None) -> OwnerFiles | None:
         layer_wise=bool(layer_wise),
         layer_wise_on_ddp_buffers="use_buffer_param_sync" in layer_wise,
     )
+
+
+def _layer_wise(obj: Any) -> bool:
+    """Asked of a live object only: ``check`` (no live objects) never pays for ``mcore.layout``."""
+    from ..mcore.layout import has_layer_wise_marks
+
+    return has_layer_wise_marks(obj)

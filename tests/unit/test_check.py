@@ -170,6 +170,24 @@ def test_check_imports_neither_torch_nor_megatron_core(overrides):
     assert heavy == [], heavy
 
 
+def test_check_on_a_clean_file_leaves_what_it_does_not_use_unimported():
+    """What the speed work took off check's path stays off: each of these was imported on every
+    run (logging by the CLI, shutil by argparse's terminal-width lookup, difflib for a
+    did-you-mean on a clean file, the live-layout reader and every probe module through the
+    probes package) and cost a share of check's time over its floor (benchmarks/check_speed.py)."""
+    modules = _imported("-m", "mbridge_mxfp8_plugin.commands.cli", "check", str(RECIPES[0].relative_to(ROOT)))
+    assert "mbridge_mxfp8_plugin.config.rules" in modules  # it did run the rules
+    unused = {"logging", "shutil", "difflib", "mbridge_mxfp8_plugin.mcore.layout"}
+    assert sorted(unused & modules) == []
+
+
+def test_plugin_options_doc_lists_every_option_although_built_lazily():
+    from mbridge_mxfp8_plugin.options import PluginOptions, option_types
+
+    doc = PluginOptions.__doc__ or ""
+    assert all(f"{name} (default " in doc for name in option_types()), doc[-400:]
+
+
 def test_importing_the_package_is_lazy():
     modules = _imported("-c", "import mbridge_mxfp8_plugin as m; m.PluginOptions; m.MXFP8ConfigError")
     assert not any(m.split(".")[0] == "torch" or m.startswith("megatron.") for m in modules)
