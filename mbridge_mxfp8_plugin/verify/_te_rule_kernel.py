@@ -1,6 +1,7 @@
 """The Triton kernel behind :mod:`.fused` (imported only where Triton is installed).
 
-One program compares ``BLOCKS`` sampled 32-element blocks: it loads the main shard's elements,
+One program compares ``BLOCKS`` sampled 32-element blocks (the sampled phase read from a tensor,
+so a captured launch serves every phase): it loads the main shard's elements,
 rounds them to bf16 as the gather delivers them, casts each block by Transformer Engine's MXFP8
 rule (:mod:`mbridge_mxfp8_plugin.common.mxfp8_cast` states it) and compares the E4M3 bytes and the E8M0
 byte with the param's, adding the differing bytes into ``flags[flag]``. Every float conversion is
@@ -22,9 +23,13 @@ def _te_cast_compare(
     scales_ptr,
     flag_ptr,
     flag,
+    phase_ptr,
     base_q,
     start,
+    lo,
     count,
+    n,
+    mod,
     step,
     last_q,
     per_row,
@@ -39,9 +44,13 @@ def _te_cast_compare(
     # (vector loads) without specializing on every integer's value.
     base = base_q * BASE_DIV
     last = last_q * LAST_DIV
+    # The sampled phase is data: the first block of the slice's ``n`` is the phase modulo
+    # ``mod``; indices past that phase's last block (at most the slice's last one) are masked.
+    first = tl.load(phase_ptr) % mod
     b = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
-    live = b < count
-    g = start + b.to(tl.int64) * step  # global block id: row * per_row + column
+    i = lo + b.to(tl.int64)
+    live = (b < count) & (i < (n - first + step - 1) // step)
+    g = start + first + i * step  # global block id: row * per_row + column
     lane = tl.arange(0, 32)
     row = g // per_row
     col = g - row * per_row
@@ -92,5 +101,17 @@ def _te_cast_compare(
 #: alignment needs is passed as the constexpr divisors instead: a few compiles per job.
 kernel = triton.jit(
     _te_cast_compare,
-    do_not_specialize=["flag", "base_q", "start", "count", "step", "last_q", "per_row", "scale_cols"],
+    do_not_specialize=[
+        "flag",
+        "base_q",
+        "start",
+        "lo",
+        "count",
+        "n",
+        "mod",
+        "step",
+        "last_q",
+        "per_row",
+        "scale_cols",
+    ],
 )

@@ -17,7 +17,7 @@ import torch
 from .read import BLOCK, Blocks, Reader, decode
 from .reference import Reference, make_reference
 
-__all__ = ["Batch", "Item", "Owned", "Slot", "pack", "split"]
+__all__ = ["Batch", "Item", "Owned", "Slot", "at_phase", "pack", "split"]
 
 
 @dataclass
@@ -42,6 +42,20 @@ class Slot:
     worst: float = 0.0
     #: an MXFP8 weight, with its type's name: where it ends unchecked, the verdict is NOT CHECKED
     mxfp8_type: str = ""
+    #: the sampled blocks (their elements at each phase are what it covers then) and the
+    #: compared elements of a short run past them
+    sampled: Blocks | None = None
+    tail: int = 0
+    _at: dict[int, int] = field(default_factory=dict)
+
+    def covered(self, value: int) -> int:
+        """Elements compared at sampled phase ``value`` (host arithmetic, kept per phase)."""
+        if self.sampled is None:
+            return self.elements
+        if value not in self._at:
+            self._at[value] = self.sampled.at(value).elements() + self.tail
+        self.elements = self._at[value]
+        return self.elements
 
 
 @dataclass
@@ -77,7 +91,7 @@ class Item:
         view = self._views.get(which)
         if view is None:
             view = make()
-            if strided and self.blocks.aligned:
+            if strided and self.blocks.is_view:
                 self._views[which] = view
         return view
 
@@ -112,6 +126,18 @@ def pack(item: Item, cap: int, batch: Batch, full: Callable[[], Batch]) -> Batch
             batch = full()
         if last:
             return batch
+
+
+def at_phase(batch: Batch, value: int) -> Batch:
+    """``batch`` with each item's blocks exactly those of sampled phase ``value`` (no block
+    read twice): what the failure path counts differing elements on."""
+    out = batch.fresh()
+    for it in batch.items:
+        blocks = it.blocks.at(value)
+        if blocks.count or it.tail is not None:
+            out.items.append(Item(it.slot, it.reader, it.main, it.start, blocks, it.tail, it.mxfp8_codes))
+            out.blocks += blocks.count
+    return out
 
 
 def split(batch: Batch, cap: int) -> list[Batch]:

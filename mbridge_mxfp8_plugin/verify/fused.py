@@ -63,21 +63,25 @@ def compare(
     round_bf16: bool,
     flags: torch.Tensor,
     flag: int,
+    phase: torch.Tensor,
 ) -> None:
     """Add to ``flags[flag]`` the bytes (codes and scales) of ``blocks`` of the param that differ
-    from TE's cast of the main shard's blocks (param element ``i`` at ``main[base + i]``). One
-    launch, no allocation, no host sync: capturable in a CUDA graph."""
+    from TE's cast of the main shard's blocks (param element ``i`` at ``main[base + i]``). The
+    sampled phase is read from ``phase`` (0-d int64, on the device) by the kernel, so a captured
+    launch serves every phase (``sampling.Phased``). One launch, no allocation, no host sync:
+    capturable in a CUDA graph."""
     if blocks.count == 0:
         return
     from ._te_rule_kernel import kernel
 
     assert reader.scales is not None
-    grid = (-(-blocks.count // _BLOCKS_PER_PROGRAM),)
+    start, lo, count, n, mod, step = blocks.kernel_args()
+    grid = (-(-count // _BLOCKS_PER_PROGRAM),)
     base_div = 16 if base % 16 == 0 else 1
     last_div = BLOCK if blocks.last % BLOCK == 0 else 1
     kernel[grid](
-        main, reader.flat, reader.scales, flags, flag,
-        base // base_div, blocks.start, blocks.count, blocks.step, blocks.last // last_div, blocks.per_row,
+        main, reader.flat, reader.scales, flags, flag, phase,
+        base // base_div, start, lo, count, n, mod, step, blocks.last // last_div, blocks.per_row,
         reader.scale_cols, _MAX_NORM_RCP,
         ROUND_BF16=round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, BASE_DIV=base_div, LAST_DIV=last_div,
     )  # fmt: skip
@@ -90,7 +94,8 @@ def differing_bytes(rows: torch.Tensor, reader: Reader, round_bf16: bool) -> int
     rows = rows.contiguous()
     flags = torch.zeros(1, dtype=torch.int32, device=rows.device)
     blocks = Blocks(last=BLOCK, start=0, count=rows.shape[0], step=1)
-    compare(rows.reshape(-1), 0, reader, blocks, round_bf16, flags, 0)
+    phase = torch.zeros((), dtype=torch.int64, device=rows.device)
+    compare(rows.reshape(-1), 0, reader, blocks, round_bf16, flags, 0, phase)
     return int(flags.item())
 
 

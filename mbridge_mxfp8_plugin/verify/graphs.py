@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["Uncapturable", "capture", "refusal"]
+__all__ = ["Uncapturable", "capture", "on_cuda", "refusal"]
 
 _T = TypeVar("_T")
 
@@ -30,6 +30,12 @@ _GRAPHS_OFF: dict[Any, str] = {}
 
 class Uncapturable(Exception):
     """The compares could not be captured; the message is why (captures are then off)."""
+
+
+def on_cuda(tensor: torch.Tensor) -> bool:
+    """Whether a plan reading ``tensor`` runs where graphs are captured (one place the tests
+    stand a CPU tensor in for a CUDA one)."""
+    return bool(tensor.is_cuda)
 
 
 def refusal(paths: Collection[Any] = ()) -> str:

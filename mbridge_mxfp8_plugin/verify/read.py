@@ -23,7 +23,7 @@ import torch
 
 from ..common.mxfp8_cast import MXFP8_BLOCK as BLOCK
 
-__all__ = ["BLOCK", "Blocks", "Reader", "decode", "reader_for"]
+__all__ = ["BLOCK", "Blocks", "Reader", "decode", "gather_ragged", "reader_for"]
 
 _FP8_FORMATS = {"E4M3": torch.float8_e4m3fn, "E5M2": torch.float8_e5m2}
 _FP32_MANT_BITS = 23
@@ -50,8 +50,17 @@ class Blocks:
     def aligned(self) -> bool:
         return self.last % BLOCK == 0
 
+    @property
+    def is_view(self) -> bool:
+        """Whether ``take`` is a view (kept by a plan) rather than a gather (taken anew)."""
+        return self.aligned
+
     def part(self, lo: int, count: int) -> Blocks:
         return replace(self, start=self.start + lo * self.step, count=count)
+
+    def at(self, value: int) -> Blocks:
+        """These blocks at sampled phase ``value``: the same (one phase; see ``sampling.Phased``)."""
+        return self
 
     def elements(self) -> int:
         """Real elements in these blocks (a row's last block of a ragged row is shorter)."""
@@ -67,9 +76,8 @@ class Blocks:
         if self.aligned:
             at = flat.storage_offset() + base + self.origin + self.start * BLOCK
             return flat.as_strided((self.count, BLOCK), (self.step * BLOCK, 1), at)
-        index, inside = self._index(flat.device)
-        zero = torch.zeros((), dtype=flat.dtype, device=flat.device)
-        return torch.where(inside, flat[index + base], zero)
+        ids = self.start + self.step * torch.arange(self.count, device=flat.device)
+        return gather_ragged(flat, base, ids, self.last)
 
     def take_scales(self, scales: torch.Tensor, cols: int) -> torch.Tensor:
         """The E8M0 byte of each block, from scales stored ``cols`` to a row."""
@@ -78,14 +86,25 @@ class Blocks:
         ids = self.start + self.step * torch.arange(self.count, device=scales.device)
         return scales[(ids // self.per_row) * cols + ids % self.per_row]
 
-    def _index(self, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = self.start + self.step * torch.arange(self.count, device=device)
-        rows, cols = ids // self.per_row, ids % self.per_row
-        starts = rows * self.last + cols * BLOCK
-        lanes = torch.arange(BLOCK, device=device)
-        inside = lanes < (self.last - cols * BLOCK).clamp(max=BLOCK).unsqueeze(1)
-        # Lanes past a row's end point at the block's first element: always inside the shard.
-        return torch.where(inside, starts.unsqueeze(1) + lanes, starts.unsqueeze(1)), inside
+    def kernel_args(self) -> tuple[int, int, int, int, int, int]:
+        """What the fused kernel reads this geometry from (``Phased.kernel_args``): one phase,
+        so the first block is ``start`` whatever the phase tensor holds."""
+        return self.start, 0, self.count, self.count * self.step, 1, self.step
+
+
+def gather_ragged(flat: torch.Tensor, base: int, ids: torch.Tensor, last: int) -> torch.Tensor:
+    """Blocks ``ids`` (global block ids, a device tensor) of rows of ``last`` elements, ``last % 32
+    != 0``, as ``(len(ids), 32)`` gathered from ``flat`` (element ``i`` at ``flat[base + i]``),
+    zero-padded past each row's end (zeros leave a block's amax, so its scale, unchanged)."""
+    per_row = -(-last // BLOCK)
+    rows, cols = ids // per_row, ids % per_row
+    starts = rows * last + cols * BLOCK
+    lanes = torch.arange(BLOCK, device=ids.device)
+    inside = lanes < (last - cols * BLOCK).clamp(max=BLOCK).unsqueeze(1)
+    # Lanes past a row's end point at the block's first element: always inside the shard.
+    index = torch.where(inside, starts.unsqueeze(1) + lanes, starts.unsqueeze(1))
+    zero = torch.zeros((), dtype=flat.dtype, device=flat.device)
+    return torch.where(inside, flat[index + base], zero)
 
 
 @dataclass(frozen=True)

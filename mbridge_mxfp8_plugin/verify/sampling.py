@@ -1,18 +1,35 @@
-"""Which blocks a sampled check compares, as plain integer arithmetic over block ids.
+"""Which blocks a sampled check compares: integer arithmetic over block ids, on the host and
+on the device.
 
 Kept apart from the checks that use it so the shard check and the replica fold agree on one
-rotation: a phase that depends on ``offset % stride`` only, so plans repeat every ``stride``
-calls and every block is visited within that many.
+rotation: a phase that depends on ``offset % stride`` only, so every block is visited within
+``stride`` calls. The shard check's plan holds the phase as data (:class:`Phase`, a device
+tensor filled before each run) and its blocks as :class:`Phased` geometry, whose indices are
+computed on the device from it: one plan, and one captured CUDA graph, serve every phase. The
+host arithmetic (``mxfp8_blocks``, ``runs``) is what the device's selection equals, and what the
+report's per-phase element counts and the failure path's re-judge use.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import MXFP8UsageError
-from .read import BLOCK, Blocks
+import torch
 
-__all__ = ["first_sampled", "mxfp8_blocks", "runs", "stride_of"]
+from ..errors import MXFP8UsageError
+from .read import BLOCK, Blocks, gather_ragged
+
+__all__ = [
+    "Phase",
+    "Phased",
+    "first_sampled",
+    "mxfp8_blocks",
+    "runs",
+    "sampled_mxfp8",
+    "sampled_runs",
+    "stride_of",
+]
 
 
 def stride_of(sample: float) -> int:
@@ -36,6 +53,14 @@ def mxfp8_blocks(param: Any, s: int, e: int, offset: int, stride: int) -> tuple[
     """The sampled blocks lying wholly inside the shard ``[s, e)``, and the elements in all
     whole blocks there. A block straddling two ranks' shards has a scale this rank cannot
     compute, so it is skipped (and counted)."""
+    last, g0, n, whole = _whole_blocks(param, s, e)
+    first = first_sampled(offset, stride, n)
+    return Blocks(last, g0 + first, _every(first, n, stride), stride), whole
+
+
+def _whole_blocks(param: Any, s: int, e: int) -> tuple[int, int, int, int]:
+    """The param's row length, the first global block id wholly inside ``[s, e)``, how many are,
+    and the elements they hold."""
     last = param.shape[-1] if param.dim() > 0 else 1
     per_row = -(-last // BLOCK)
     # Whole blocks inside [s, e) form one range of global block ids (row * per_row + j).
@@ -45,11 +70,9 @@ def mxfp8_blocks(param: Any, s: int, e: int, offset: int, stride: int) -> tuple[
     r, c = divmod(e, last)
     g1 = max(g0, r * per_row + c // BLOCK)
     n = g1 - g0
-    first = first_sampled(offset, stride, n)
-    blocks = Blocks(last, g0 + first, _every(first, n, stride), stride)
     # Elements in whole blocks: each row's last block holds only ``last % 32``.
     short = 0 if last % BLOCK == 0 else (g1 // per_row - g0 // per_row) * (BLOCK - last % BLOCK)
-    return blocks, n * BLOCK - short
+    return last, g0, n, n * BLOCK - short
 
 
 def runs(s: int, e: int, offset: int, stride: int) -> tuple[Blocks, int]:
@@ -61,3 +84,140 @@ def runs(s: int, e: int, offset: int, stride: int) -> tuple[Blocks, int]:
     blocks = Blocks(BLOCK, first, _every(first, n, stride), stride, origin=s)
     tail = (e - s) % BLOCK if stride == 1 or n == 0 else 0
     return blocks, tail
+
+
+def sampled_mxfp8(param: Any, s: int, e: int, phase: Phase) -> tuple[Blocks, int]:
+    """``mxfp8_blocks`` at whatever phase ``phase`` holds when the blocks are read."""
+    last, g0, n, whole = _whole_blocks(param, s, e)
+    return _phased(Blocks(last, g0, n, 1), phase), whole
+
+
+def sampled_runs(s: int, e: int, phase: Phase) -> tuple[Blocks, int]:
+    """``runs`` at whatever phase ``phase`` holds when the blocks are read."""
+    n = (e - s) // BLOCK
+    tail = (e - s) % BLOCK if phase.stride == 1 or n == 0 else 0
+    return _phased(Blocks(BLOCK, 0, n, 1, origin=s), phase), tail
+
+
+def _phased(whole: Blocks, phase: Phase) -> Blocks:
+    """The sampled blocks of the ``whole`` range: static where there is one phase (or nothing)."""
+    n, stride = whole.count, phase.stride
+    if stride == 1 or n == 0:
+        return replace(whole, step=stride)
+    return Phased(whole.last, whole.start, -(-n // stride), stride, whole.origin, n=n, phase=phase)
+
+
+class Phase:
+    """A plan's sampled phase (``offset % stride``) as data: a 0-d int64 tensor per device,
+    filled in place before each run, which every sampled block index of the plan is computed
+    from on the device. A captured graph reads it at replay, so it serves every phase.
+
+    Also holds what a run derives from it and shares between items (``first``: one remainder
+    per distinct modulus), and the index ramps the items' indices are made of: made at plan time,
+    never inside a capture (a tensor made there holds nothing until the graph replays)."""
+
+    def __init__(self, stride: int, offset: int = 0) -> None:
+        self.stride = stride
+        self.value = offset % stride
+        self._tensors: dict[torch.device, torch.Tensor] = {}
+        self._ramps: dict[torch.device, torch.Tensor] = {}
+        self._run: dict[Any, Any] = {}  # this run's derived tensors
+
+    def set(self, offset: int) -> None:
+        """The phase of the next run (a fill on the device: no sync)."""
+        value = offset % self.stride
+        if value != self.value:
+            self.value = value
+            for tensor in self._tensors.values():
+                tensor.fill_(value)
+
+    def reserve(self, device: torch.device, count: int) -> None:
+        """Make the phase tensor and a ramp of at least ``count`` indices on ``device`` (plan time)."""
+        if device not in self._tensors:
+            self._tensors[device] = torch.full((), self.value, dtype=torch.int64, device=device)
+        ramp = self._ramps.get(device)
+        if ramp is None or ramp.numel() < count:
+            self._ramps[device] = torch.arange(max(count, 2 * (0 if ramp is None else ramp.numel())),
+                                               device=device)  # fmt: skip
+
+    def tensor(self, device: torch.device) -> torch.Tensor:
+        return self._tensors[device]
+
+    def begin(self) -> None:
+        """A new run: what the last one derived from the phase is stale."""
+        self._run = {}
+
+    def first(self, device: torch.device, mod: int) -> torch.Tensor:
+        """``first_sampled`` on the device: the phase modulo ``mod`` (0-d)."""
+        key = (device, mod)
+        if key not in self._run:
+            self._run[key] = torch.remainder(self._tensors[device], mod)
+        return self._run[key]
+
+    def local(self, blocks: Phased, device: torch.device) -> torch.Tensor:
+        """The sampled blocks' indices into their slice's whole blocks, for this run."""
+        key = (id(blocks), device)
+        kept = self._run.get(key)
+        if kept is not None and kept[0] is blocks:
+            return kept[1]  # type: ignore[no-any-return]
+        first = self.first(device, min(blocks.step, blocks.n))
+        ramp = self._ramps[device][blocks.lo : blocks.lo + blocks.count]
+        local = torch.add(first, ramp, alpha=blocks.step)
+        if blocks.n > blocks.step and blocks.n % blocks.step and blocks.lo + blocks.count >= blocks.full:
+            # At a phase past ``n % step`` the last index has no block: it reads the one before
+            # it (a block of the same phase), so shapes stay fixed and no other block is read.
+            local = torch.where(local >= blocks.n, local - blocks.step, local)
+        self._run[key] = (blocks, local)
+        return local
+
+
+@dataclass(frozen=True)
+class Phased(Blocks):
+    """Every ``step``-th of the ``n`` whole blocks from global block ``start``, from the one the
+    phase selects (``first_sampled``): indices ``lo .. lo + count`` of them (a batch's part). The
+    count is the most any phase has; at a phase with one block fewer, the missing one is read
+    as its neighbour, which compares the same, and the report counts the phase's own elements
+    (``at``)."""
+
+    n: int = 0
+    phase: Phase = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    lo: int = 0
+
+    @property
+    def full(self) -> int:
+        """The most sampled blocks any phase has."""
+        return -(-self.n // self.step)
+
+    def part(self, lo: int, count: int) -> Phased:
+        return replace(self, lo=self.lo + lo, count=count)
+
+    def at(self, value: int) -> Blocks:
+        """These blocks at phase ``value`` as host arithmetic: exactly that phase's blocks."""
+        first = first_sampled(value, self.step, self.n)
+        count = max(0, min(self.count, _every(first, self.n, self.step) - self.lo))
+        return Blocks(self.last, self.start + first + self.lo * self.step, count, self.step, self.origin)
+
+    @property
+    def is_view(self) -> bool:
+        return False
+
+    def elements(self) -> int:
+        return self.at(self.phase.value).elements()
+
+    def take(self, flat: torch.Tensor, base: int = 0) -> torch.Tensor:
+        local = self.phase.local(self, flat.device)
+        if self.aligned:
+            at = flat.storage_offset() + base + self.origin + self.start * BLOCK
+            return flat.as_strided((self.n, BLOCK), (BLOCK, 1), at).index_select(0, local)
+        return gather_ragged(flat, base, local + self.start, self.last)
+
+    def take_scales(self, scales: torch.Tensor, cols: int) -> torch.Tensor:
+        local = self.phase.local(self, scales.device)
+        if cols == self.per_row:
+            whole = scales.as_strided((self.n,), (1,), scales.storage_offset() + self.start)
+            return whole.index_select(0, local)
+        ids = local + self.start
+        return scales[(ids // self.per_row) * cols + ids % self.per_row]
+
+    def kernel_args(self) -> tuple[int, int, int, int, int, int]:
+        return self.start, self.lo, self.count, self.n, min(self.step, self.n), self.step

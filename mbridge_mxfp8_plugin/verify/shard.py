@@ -20,12 +20,12 @@ from typing import Any
 import torch
 
 from . import fused, graphs
-from .batches import Batch, Item, Owned, Slot, got_bytes, main_rows, pack, sides, split
+from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, pack, sides, split
 from .probe import Probed, Refused, why_type
 from .read import BLOCK, Reader, decode
 from .reference import self_check
 from .report import ParamMismatch, WeightReport
-from .sampling import mxfp8_blocks, runs
+from .sampling import Phase, sampled_mxfp8, sampled_runs
 
 __all__ = ["ShardCheck"]
 
@@ -34,9 +34,11 @@ class ShardCheck:
     """The shard check of one ``verify_weights`` call, and its plan for the next ones.
 
     ``add`` only plans: the batches hold views of the params and main shards, nothing read yet.
-    ``finish`` reads and compares them. A later call over the same tensors and the same sampled
-    phase reuses the plan (``restart``): the host cost of working out blocks, readers, batch keys
-    and capacities per param is paid once, not at every check.
+    ``finish`` reads and compares them. A later call over the same tensors reuses the plan
+    (``restart``) at whatever sampled phase it asks for: the phase is data (``self.phase``, a
+    device tensor the sampled indices are computed from), so the host cost of working out blocks,
+    readers, batch keys and capacities per param is paid once, not at every check or phase, and
+    the plan's captured graph replays for every phase.
     """
 
     def __init__(
@@ -48,7 +50,8 @@ class ShardCheck:
         budget_bytes: int,
         probed: Probed | None = None,
     ):
-        self.report, self.atol, self.stride, self.offset = report, atol, stride, offset
+        self.report, self.atol, self.stride = report, atol, stride
+        self.phase = Phase(stride, offset)
         self.budget = budget_bytes
         self.probed = probed = probed or Probed()
         self.capacity = probed.capacity  # batch key -> blocks per batch
@@ -70,9 +73,11 @@ class ShardCheck:
         self.graph_verdicts: list[tuple[Batch, torch.Tensor]] = []
         self.no_graph = ""  # why the compares are not replayed from a graph
 
-    def restart(self, report: WeightReport) -> None:
-        """Ready the same plan for another call: fresh verdicts into ``report``."""
+    def restart(self, report: WeightReport, offset: int) -> None:
+        """Ready the same plan for another call, at the sampled phase of ``offset``: fresh
+        verdicts into ``report``."""
         self.report, self.verdicts = report, []
+        self.phase.set(offset)
         for slot in self.slots:
             slot.differing, slot.worst = 0, 0.0
 
@@ -91,14 +96,17 @@ class ShardCheck:
                reader.kind)  # fmt: skip
         slot = len(self.slots)
         if mxfp8:
-            blocks, whole = mxfp8_blocks(param, s, e, self.offset, self.stride)
-            self.slots.append(Slot(name, blocks.elements(), (e - s) - whole, mxfp8_type=type(param).__name__))
+            blocks, whole = sampled_mxfp8(param, s, e, self.phase)
+            self.slots.append(Slot(name, 0, (e - s) - whole, mxfp8_type=type(param).__name__, sampled=blocks))
             item = Item(slot, reader, main, s, blocks, mxfp8_codes=reader.scales is not None)
         else:
-            blocks, tail = runs(s, e, self.offset, self.stride)
+            blocks, tail = sampled_runs(s, e, self.phase)
             views = (reader.flat[e - tail : e], main[e - s - tail : e - s]) if tail else None
             item = Item(slot, reader, main, s, blocks, views)
-            self.slots.append(Slot(name, blocks.count * BLOCK + tail, 0))
+            self.slots.append(Slot(name, 0, 0, sampled=blocks, tail=tail))
+        self.phase.reserve(main.device, blocks.count)
+        if reader.flat.device != main.device:
+            self.phase.reserve(reader.flat.device, blocks.count)
         if item.blocks.count == 0 and item.tail is None:
             self.empty[key] = self.empty.get(key, 0) + 1  # no whole block here: nothing to compare
             return
@@ -127,8 +135,9 @@ class ShardCheck:
         slot = self._flag_of[id(batch)]
         flags, rounding = self._flags, batch.round_to is not None
         assert flags is not None
+        phase = self.phase.tensor(batch.items[0].main.device)
         for it in batch.items:
-            fused.compare(it.main, -it.start, it.reader, it.blocks, rounding, flags, slot)
+            fused.compare(it.main, -it.start, it.reader, it.blocks, rounding, flags, slot, phase)
         self.verdicts.append((batch, flags[slot]))
 
     def _new_flags(self) -> None:
@@ -181,6 +190,7 @@ class ShardCheck:
                 self.slots[it.slot].unchecked = reason
 
     def _run_eager(self) -> None:
+        self.phase.begin()
         self._new_flags()
         for batch in self.planned:
             if batch.key not in self.refused:
@@ -193,7 +203,7 @@ class ShardCheck:
         """A plan's second run on a CUDA device, with every compare of the first one done."""
         if self.graph is not None or self.no_graph or self.runs < 1 or not self.reusable:
             return False
-        if not self.planned or not self.planned[0].items[0].main.is_cuda:
+        if not self.planned or not graphs.on_cuda(self.planned[0].items[0].main):
             return False
         refusal = graphs.refusal(self._write_paths())
         if refusal:
@@ -223,6 +233,7 @@ class ShardCheck:
         self.verdicts = []
 
         def record() -> torch.Tensor:
+            self.phase.begin()
             self._new_flags()
             for batch in self.planned:
                 self._compare(batch)
@@ -264,7 +275,7 @@ class ShardCheck:
             for (batch, _), bad in zip(self.verdicts, failed, strict=True):
                 if bad and id(batch) not in done:
                     done.add(id(batch))
-                    self._attribute(batch)
+                    self._attribute(at_phase(batch, self.phase.value))
         self._tally(max_names)
 
     def _attribute_codes(self, batch: Batch) -> None:
@@ -292,6 +303,9 @@ class ShardCheck:
         reference.release()
 
     def _attribute(self, batch: Batch) -> None:
+        """Count each param's differing elements in a flagged batch, on that phase's own blocks."""
+        if not batch.items:  # only a phase's repeated last block: judged with its own part
+            return
         if batch.items[0].mxfp8_codes:
             self._attribute_codes(batch)
             return
@@ -320,7 +334,7 @@ class ShardCheck:
                 continue
             report.params_checked += 1
             report.mxfp8_checked += bool(slot.mxfp8_type)
-            report.elements_checked += slot.elements
+            report.elements_checked += slot.covered(self.phase.value)
             report.elements_skipped += slot.skipped
             if slot.differing:
                 report.shard_mismatch_count += 1

@@ -41,15 +41,17 @@ _BUDGET_FRACTION = 0.01
 #: Calls so far in this process: the default rotation of the sampled blocks.
 _CALLS = itertools.count()
 
-#: Plans kept per optimizer (one per sampled phase: ``stride`` of them for the default rotation).
+#: Plans kept per optimizer (one per model chunks, sample, tolerance and budget: every sampled
+#: phase shares its plan, the phase being data).
 _MAX_PLANS = 64
 
 
 @dataclass
 class _Plan:
-    """What a call worked out from the layout alone, kept for the next call over the same
-    tensors and phase: the shard check's batches, the walk's verdicts of ``unchecked``, and the
-    replicated params to fold (their folds read the current bits, so they are taken per call)."""
+    """What a call worked out from the layout alone, kept for the next calls over the same
+    tensors, whatever their sampled phase: the shard check's batches, the walk's verdicts of
+    ``unchecked``, and the replicated params to fold (their folds read the current bits, so they
+    are taken per call)."""
 
     check: ShardCheck
     note: str
@@ -63,8 +65,8 @@ class _Plan:
 @dataclass
 class _Layout:
     """What every plan of one layout shares: the walk's per-param facts (names, owned shards,
-    readers) and the probes of each batch key. A plan per sampled phase then costs only its
-    block arithmetic and batching."""
+    readers) and the probes of each batch key. Another plan (another sample or tolerance) then
+    costs only its block arithmetic and batching."""
 
     fingerprint: tuple[Any, ...]
     plans: dict[tuple[Any, ...], _Plan] = field(default_factory=dict)
@@ -161,16 +163,17 @@ def verify_weights(
     chunks = _model_chunks(model_chunks)
     from megatron.core import fp8_utils
 
-    # What else a plan depends on: the phase, the budget, the quantized types core recognises.
+    # What else a plan depends on: the budget, the quantized types core recognises. Not the
+    # sampled phase: that is data the plan is run with (``ShardCheck.restart``).
     registered = tuple(getattr(fp8_utils, a, None) for a in _REGISTRY_ATTRS)
     budget = (_BUDGET_BYTES, _BUDGET_FRACTION)
-    key = (tuple(id(c) for c in chunks), stride, offset % stride, atol, budget, registered)
+    key = (tuple(id(c) for c in chunks), stride, atol, budget, registered)
     fingerprint = _fingerprint(chunks, optimizer)
     layout = _layout_of(optimizer, fingerprint)
     plans = layout.plans if layout is not None else None
     plan = plans.get(key) if plans is not None else None
     if plan is not None:
-        plan.check.restart(report)
+        plan.check.restart(report, offset)
         report.unchecked.extend(plan.unchecked)
         report.mxfp8_unchecked, report.unchecked_types = (
             plan.unchecked_mxfp8[0],

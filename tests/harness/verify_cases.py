@@ -280,9 +280,10 @@ def _case_sampling() -> dict[str, Any]:
 
 
 def _case_plans() -> dict[str, Any]:
-    """A check's plan is made once per layout and sampled phase and then reused; a reused plan
-    reads the current bits (a block corrupted after it was made is caught), and a main shard
-    moved to new storage makes a new plan that reads there (a value changed there is caught)."""
+    """A check's plan is made once per layout and then reused, at every sampled phase of the
+    default rotation (issue 32.1: the phase is data); a reused plan reads the current bits (a
+    block corrupted after it was made is caught), and a main shard moved to new storage makes a
+    new plan that reads there (a value changed there is caught)."""
     from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
     from mbridge_mxfp8_plugin.options import DEFAULT_VERIFY_SAMPLE
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
@@ -305,7 +306,7 @@ def _case_plans() -> dict[str, Any]:
         full = [verify_weights(job.model, job.optimizer, event="full", sample=1.0) for _ in range(2)]
         rec["full_made"], rec["full_ok"] = len(made), [r.ok for r in full]
         stride = round(1 / DEFAULT_VERIFY_SAMPLE)
-        sampled = [verify_weights(job.model, job.optimizer, event="s", offset=i) for i in range(2 * stride)]
+        sampled = [verify_weights(job.model, job.optimizer, event="s") for _ in range(2 * stride)]
         rec["sampled_made"], rec["sampled_ok"] = len(made) - rec["full_made"], [r.ok for r in sampled]
         rec["stride"] = stride
         # Every rank flips one block of its first owned 2-D slice, after the plans were made.

@@ -131,7 +131,7 @@ def test_plans_reused_and_read_current_bits(runs: list[dict[str, Any]]) -> None:
     for run in runs:
         rec = run["plans"]
         assert rec["full_made"] == 1 and rec["full_ok"] == [True, True], rec
-        assert rec["sampled_made"] == rec["stride"], rec  # one per phase, none on the second round
+        assert rec["sampled_made"] == 1, rec  # one plan serves every phase of the rotation
         assert all(rec["sampled_ok"]), rec
         assert not rec["corrupt"].ok and rec["corrupt"].shard_mismatch_count == 1, rec["corrupt"].message()
         assert rec["restored"].ok and rec["made_while_corrupt"] == 0

@@ -39,7 +39,7 @@ def _te_reader(values: torch.Tensor) -> tuple[Reader, torch.Tensor, torch.Tensor
 
 def _count(main: torch.Tensor, base: int, reader: Reader, blocks: Blocks, rounding: bool) -> int:
     flags = torch.zeros(2, dtype=torch.int32)
-    fused.compare(main, base, reader, blocks, rounding, flags, 1)
+    fused.compare(main, base, reader, blocks, rounding, flags, 1, torch.zeros((), dtype=torch.int64))
     assert flags[0] == 0  # only its own counter is written
     return int(flags[1])
 

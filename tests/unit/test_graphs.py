@@ -113,3 +113,96 @@ def test_a_failed_capture_is_undone_and_turns_captures_off_for_its_write_paths(c
     assert graphs.refusal({("mxfp8", "AnotherType")}) == ""  # an unrelated plan may capture
     graph, out = graphs.capture(lambda: "verdicts", {("mxfp8", "AnotherType")})
     assert out == "verdicts"
+
+
+# ----------------------------------------------- one captured plan serves every sampled phase
+class _Replaying:
+    """A stand-in for a captured graph on CPU: its replay runs what was recorded again, with the
+    check's host-side phase held at its value at capture (a real graph replays kernels whose
+    Python arguments were fixed then), so only what the recorded work reads from tensors, the
+    phase tensor among them, follows the phase of the call."""
+
+    def __init__(self, record: Any, out: torch.Tensor, check: Any) -> None:
+        self.record, self.out, self.check = record, out, check
+        self.phase, self.value = check.phase, check.phase.value
+        self.replays = 0
+
+    def replay(self) -> None:
+        live = self.phase.value
+        self.phase.value = self.value
+        self.check.verdicts = []  # what the recording appends to (read back from ``out``)
+        try:
+            self.out.copy_(self.record())
+        finally:
+            self.phase.value = live
+        self.replays += 1
+
+
+def _shard_params() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """TE-shaped params, each block at its own scale: rows of 256 elements (512 blocks, a multiple
+    of the stride), and ragged rows of 96 (30 blocks: later phases have one block fewer)."""
+    from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
+
+    out = []
+    for name, rows, last in (("wide", 64, 256), ("ragged", 10, 96)):
+        gen = torch.Generator().manual_seed(last)
+        values = torch.randn(rows, last, generator=gen)
+        exponents = torch.randint(-8, 9, (rows, -(-last // 32)), generator=gen).float()
+        values *= torch.exp2(exponents).repeat_interleave(32, dim=1)[:, :last]
+        values = values.to(torch.bfloat16)
+        param = TEShapedMXFP8Quantizer(rowwise=True, columnwise=False).quantize(values)
+        out.append((name, param, values.float().reshape(-1)))
+    return out
+
+
+@pytest.mark.parametrize("fused_on", ["1", "0"])
+def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
+    monkeypatch: pytest.MonkeyPatch, fused_on: str
+) -> None:
+    """Issue 32.1: the sampled phase is data. The plan is captured once (its second call) and
+    every later call replays that graph; a corrupted scale of a block sampled only at phase 11
+    is found at the calls of phase 11 and at no other, with the phase's own element counts."""
+    from mbridge_mxfp8_plugin.verify import fused
+    from mbridge_mxfp8_plugin.verify.batches import Owned
+    from mbridge_mxfp8_plugin.verify.read import reader_for
+    from mbridge_mxfp8_plugin.verify.report import WeightReport
+    from mbridge_mxfp8_plugin.verify.sampling import mxfp8_blocks
+    from mbridge_mxfp8_plugin.verify.shard import ShardCheck
+
+    if fused_on == "1" and not fused.available(torch.device("cpu")):
+        pytest.skip("no fused kernel here")
+    monkeypatch.setenv("MXFP8_VERIFY_FUSED", fused_on)
+    monkeypatch.setattr(graphs, "_GRAPHS_OFF", {})
+    monkeypatch.setattr(graphs, "on_cuda", lambda tensor: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    made: list[_Replaying] = []
+
+    def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
+        out = record()
+        made.append(_Replaying(record, out, check))
+        return made[-1], out
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    stride, params = 16, _shard_params()
+    check = ShardCheck(WeightReport(event="t"), atol=0.0, stride=stride, offset=0, budget_bytes=64 << 20)
+    for name, param, main in params:
+        reader = reader_for(param)
+        check.add(name, param, reader, Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=True)
+    check.finish(max_names=5)  # the first call: eager
+    assert not made
+    _, wide, _ = params[0]
+    wide._rowwise_scale_inv[5, 3] += 1  # global block 43: sampled at phase 43 % 16 == 11 only
+    found = []
+    for offset in range(1, 2 * stride + 1):
+        report = WeightReport(event="t")
+        check.restart(report, offset)
+        check.finish(max_names=5)
+        phase = offset % stride
+        want = sum(mxfp8_blocks(p, 0, p.numel(), offset, stride)[0].elements() for _, p, _ in params)
+        assert report.elements_checked == want, (offset, report.elements_checked, want)
+        if not report.ok:
+            assert [m.name for m in report.shard_mismatches] == ["wide"], report.message()
+            assert report.shard_mismatches[0].elements == 32
+            found.append(phase)
+    assert found == [11, 11], found
+    assert len(made) == 1 and made[0].replays == 2 * stride  # one graph, replayed by every later call

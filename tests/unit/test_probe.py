@@ -197,7 +197,8 @@ def _kernel_differs(param: torch.Tensor, values: torch.Tensor) -> int:
     rows, last = values.shape
     flags = torch.zeros(1, dtype=torch.int32)
     blocks = Blocks(last=last, start=0, count=rows * last // BLOCK, step=1)
-    fused.compare(values.float().reshape(-1), 0, reader, blocks, True, flags, 0)
+    phase = torch.zeros((), dtype=torch.int64)
+    fused.compare(values.float().reshape(-1), 0, reader, blocks, True, flags, 0, phase)
     return int(flags[0])
 
 

@@ -108,3 +108,82 @@ def test_every_short_param_is_compared_on_every_call(offset: int) -> None:
     assert report.params_checked == 3 and report.elements_checked == 3 * BLOCK
     sampled = first_sampled(offset, stride, 3) == 1
     assert [m.name for m in report.shard_mismatches] == (["p1"] if sampled else []), report.message()
+
+
+# ------------------------------------- the device-side selection equals the host arithmetic
+def _shards(rows: int, last: int) -> list[tuple[int, int]]:
+    """Owned slices: the whole param; from mid-row to mid-row; a few blocks (fewer than most
+    strides); and ones of no whole block."""
+    numel = rows * last
+    mid = last // 2 + 1
+    return [
+        (0, numel),
+        (mid, numel - mid),
+        (last + 3, last + 3 + 5 * BLOCK),
+        (2 * last, 2 * last + BLOCK + 1),
+        (numel - BLOCK + 1, numel),
+    ]
+
+
+@pytest.mark.parametrize("last", [64, 96, 45, 128, 256, 33, 1000])
+@pytest.mark.parametrize("stride", (1, 2, 3, 16, 64))
+def test_phased_blocks_are_the_host_arithmetics_at_every_phase(last: int, stride: int) -> None:
+    """Issue 32.1: one plan's sampled blocks, computed on the device from the phase tensor, are
+    exactly ``mxfp8_blocks``' at every phase (and its element counts): ragged rows, slices from
+    mid-row, slices of fewer blocks than the stride, rows of a multiple of 128 elements at
+    stride > 1. Where a phase has one block fewer, the fixed shape repeats that phase's own
+    last block, never another phase's. Parts (a batch's split) read the same; so do the scales,
+    unpadded and padded."""
+    from mbridge_mxfp8_plugin.verify.sampling import Phase, sampled_mxfp8
+
+    rows = 12
+    param = torch.empty(rows, last)
+    per_row = -(-last // BLOCK)
+    flat = torch.arange(rows * last, dtype=torch.int64) + 1  # element i reads i + 1; padding 0
+    for cols in (per_row, per_row + 3):
+        scales = torch.arange(rows * cols, dtype=torch.int64)
+        for s, e in _shards(rows, last):
+            phase = Phase(stride)
+            blocks, whole = sampled_mxfp8(param, s, e, phase)
+            phase.reserve(flat.device, blocks.count)
+            for offset in range(2 * stride):
+                old, old_whole = mxfp8_blocks(param, s, e, offset, stride)
+                assert whole == old_whole
+                phase.set(offset)
+                phase.begin()
+                assert blocks.at(offset % stride) == old and blocks.elements() == old.elements()
+                if old.count == 0:
+                    assert blocks.count == 0
+                    continue
+                got = blocks.take(flat[s:e], -s)
+                want = old.take(flat[s:e], -s)
+                assert got.shape[0] in (old.count, old.count + 1), (got.shape, old.count)
+                assert torch.equal(got[: old.count], want), (s, e, offset)
+                assert torch.equal(got[old.count :], want[-1:].expand(got.shape[0] - old.count, -1))
+                got_s, want_s = blocks.take_scales(scales, cols), old.take_scales(scales, cols)
+                assert torch.equal(got_s[: old.count], want_s) and (got_s[old.count :] == want_s[-1]).all()
+                parts = [blocks.part(lo, min(3, blocks.count - lo)) for lo in range(0, blocks.count, 3)]
+                assert torch.equal(torch.cat([p.take(flat[s:e], -s) for p in parts]), got)
+
+
+@pytest.mark.parametrize("stride", (2, 16))
+def test_phased_runs_are_the_host_arithmetics_at_every_phase(stride: int) -> None:
+    """The same for bf16 params' runs of 32 counted from the shard start (and their short run)."""
+    from mbridge_mxfp8_plugin.verify.sampling import Phase, sampled_runs
+
+    flat = torch.arange(10_000, dtype=torch.int64)
+    for s, e in ((0, 64 * BLOCK), (37, 37 + 17 * BLOCK + 5), (100, 100 + 3 * BLOCK), (5, 20)):
+        phase = Phase(stride)
+        blocks, tail = sampled_runs(s, e, phase)
+        phase.reserve(flat.device, blocks.count)
+        for offset in range(stride):
+            old, old_tail = runs(s, e, offset, stride)
+            phase.set(offset)
+            phase.begin()
+            assert tail == old_tail and blocks.at(offset) == old
+            if old.count:
+                got, want = blocks.take(flat), old.take(flat)
+                assert torch.equal(got[: old.count], want) and (got[old.count :] == want[-1]).all()
+                assert got.shape[0] in (old.count, old.count + 1)
+                got, want = blocks.take(flat[s:e], -s), old.take(flat[s:e], -s)
+                assert torch.equal(got[: old.count], want)
