@@ -15,7 +15,6 @@ message names the file or knob and says what was expected.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Sequence
@@ -164,6 +163,8 @@ def run_check(
         payload = report.as_dict()
         payload["recipe"] = recipe
         payload["base_recipe"] = None if base is None else {"name": base.name, "provider": base.provider}
+        import json  # --json only
+
         out.write(json.dumps(payload, indent=2) + "\n")
     else:
         shown = [
@@ -324,5 +325,7 @@ def _is_override(text: str) -> bool:
 
 def _emit_unreadable(message: str, as_json: bool, out: TextIO, err: TextIO) -> None:
     if as_json:
+        import json  # --json only
+
         out.write(json.dumps({"ok": False, "unreadable": message}) + "\n")
     err.write(f"error: {message}\n")

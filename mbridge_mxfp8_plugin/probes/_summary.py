@@ -3,8 +3,10 @@
 Parsing Bridge's ``training/config.py`` and megatron-core's ``transformer_config.py`` with
 :mod:`ast` costs ~0.1 s, more than the rest of ``check``. The summary (classes with bases, fields,
 enum members, abstractness; imports; ``@register``-ed functions; string keys of dict literals) is
-small JSON, stored under ``$XDG_CACHE_HOME/mbridge_mxfp8_plugin`` keyed by the file's path, size
-and mtime, so it is rebuilt whenever an upgrade touches the file. ``MXFP8_PLUGIN_CACHE=off``
+small plain data, stored under ``$XDG_CACHE_HOME/mbridge_mxfp8_plugin`` keyed by the file's path,
+size and mtime, so it is rebuilt whenever an upgrade touches the file. It is stored with
+:mod:`marshal` (built in: reading it imports nothing, where ``json`` cost ``check`` a few percent
+of its floor), so the Python version is part of the key. ``MXFP8_PLUGIN_CACHE=off``
 turns the disk cache off; an unwritable cache directory only costs the parse.
 """
 
@@ -12,16 +14,16 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
+import marshal
 import os
-import zlib
+import sys
 from pathlib import Path
 from typing import Any
 
 __all__ = ["MISSING", "summary"]
 
 #: Bump when the summary's shape changes: older cache files are then ignored.
-_FORMAT = 1
+_FORMAT = 2
 
 
 class _Missing:
@@ -32,7 +34,8 @@ class _Missing:
 
 
 MISSING: Any = _Missing()
-_MISSING_JSON = {"__missing__": True}
+#: MISSING as stored: marshal keeps a frozenset, and no literal default evaluates to one
+_MISSING_MARK = frozenset({"__mxfp8_plugin_missing__"})
 _ENUM_BASES = frozenset({"Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"})
 
 
@@ -48,8 +51,10 @@ def _default(node: ast.expr | None) -> Any:
         value = ast.literal_eval(node)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return MISSING
+    import json  # building a summary only (a cache miss)
+
     try:
-        json.dumps(value)
+        json.dumps(value)  # plain data only: what a YAML value can be compared with
     except (TypeError, ValueError):
         return MISSING
     return value
@@ -154,12 +159,37 @@ def _cache_dir() -> Path | None:
     return Path(base) / "mbridge_mxfp8_plugin"
 
 
-def _encode(data: dict[str, Any]) -> str:
-    return json.dumps(data, default=lambda o: _MISSING_JSON if o is MISSING else str(o))
+def _swap_missing(summary: dict[str, Any], stored: bool) -> dict[str, Any]:
+    """``summary`` with MISSING swapped for its stored mark (``stored``) or back. Field defaults
+    are the only place it can be: fields are ``[name, annotation, default]``."""
+
+    def swap(d: Any) -> Any:
+        if stored:
+            return _MISSING_MARK if d is MISSING else d
+        return MISSING if type(d) is frozenset and d == _MISSING_MARK else d
+
+    classes = {
+        name: {**c, "fields": [[n, a, swap(d)] for n, a, d in c["fields"]]}
+        for name, c in summary["classes"].items()
+    }
+    return {**summary, "classes": classes}
 
 
-def _decode(obj: dict[str, Any]) -> Any:
-    return MISSING if obj == _MISSING_JSON else obj
+def _encode(data: dict[str, Any]) -> bytes:
+    return marshal.dumps({**data, "summary": _swap_missing(data["summary"], stored=True)})
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    stored: dict[str, Any] = marshal.loads(raw)
+    return {**stored, "summary": _swap_missing(stored["summary"], stored=False)}
+
+
+def _fnv1a(text: str) -> int:
+    """A stable 32-bit hash of a path (``hash()`` changes per process; zlib is an import more)."""
+    h = 0x811C9DC5
+    for b in text.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h
 
 
 @functools.cache
@@ -169,12 +199,17 @@ def summary(path: Path) -> dict[str, Any] | None:
         st = path.stat()
     except OSError:
         return None
-    stamp = {"v": _FORMAT, "path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    stamp = {
+        "v": (_FORMAT, marshal.version, sys.version_info[:2]),
+        "path": str(path),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
     cache = _cache_dir()
-    key = f"{path.stem}-{zlib.crc32(str(path).encode()):08x}"  # the stamp inside guards collisions
+    key = f"{path.stem}-{_fnv1a(str(path)):08x}"  # the stamp inside guards collisions
     if cache is not None:
         try:
-            stored = json.loads((cache / f"{key}.json").read_text(), object_hook=_decode)
+            stored = _decode((cache / f"{key}.marshal").read_bytes())
             if {k: stored.get(k) for k in stamp} == stamp:
                 return stored["summary"]  # type: ignore[no-any-return]
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -186,9 +221,9 @@ def summary(path: Path) -> dict[str, Any] | None:
         try:
             cache.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
+            with os.fdopen(fd, "wb") as f:
                 f.write(_encode({**stamp, "summary": built}))
-            os.replace(tmp, cache / f"{key}.json")
-        except OSError:
+            os.replace(tmp, cache / f"{key}.marshal")
+        except (OSError, ValueError):  # ValueError: a value marshal cannot store
             pass
     return built

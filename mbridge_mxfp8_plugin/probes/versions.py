@@ -16,7 +16,6 @@ must not import torch.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import sys
 from dataclasses import asdict, dataclass
@@ -123,6 +122,8 @@ def _editable_owner(pkg_dir: Path) -> tuple[str, str] | None:
         if not name.startswith("megatron"):
             continue
         try:
+            import json  # an editable install only
+
             info = json.loads(read_text(path, "direct_url.json") or "{}")
         except ValueError:
             continue

@@ -121,7 +121,7 @@ def test_the_summary_cache_is_rebuilt_when_the_file_changes(tree):
     path = tree / "config.py"
     first = _summary.summary(path)
     assert first is not None and "TrainingConfig" in first["classes"]
-    assert list((tree.parents[2] / "cache" / "mbridge_mxfp8_plugin").glob("config-*.json"))
+    assert list((tree.parents[2] / "cache" / "mbridge_mxfp8_plugin").glob("config-*.marshal"))
     path.write_text(CONFIG_PY.replace("class TrainingConfig:", "class TrainingConfig2:"))
     _summary.summary.cache_clear()
     second = _summary.summary(path)
@@ -130,6 +130,21 @@ def test_the_summary_cache_is_rebuilt_when_the_file_changes(tree):
         and "TrainingConfig2" in second["classes"]
         and "TrainingConfig" not in second["classes"]
     )
+
+
+def test_a_summary_read_from_the_cache_is_the_summary_built_from_the_source(tree):
+    """The cached form (marshal) gives back exactly the built one: literal defaults, their types,
+    and MISSING as the very sentinel the checks compare with ``is``."""
+    path = tree / "config.py"
+    built = _summary._build(path)
+    assert _summary.summary(path) == built  # the first call builds and stores it
+    _summary.summary.cache_clear()
+    cached = _summary.summary(path)
+    assert cached == built
+    defaults = [d for c in cached["classes"].values() for _, _, d in c["fields"]]
+    assert any(d is _summary.MISSING for d in defaults) and any(d is not _summary.MISSING for d in defaults)
+    built_defaults = [d for c in built["classes"].values() for _, _, d in c["fields"]]
+    assert [type(d) for d in defaults] == [type(d) for d in built_defaults]
 
 
 def test_an_unwritable_cache_costs_only_the_parse(tree, monkeypatch):
