@@ -41,7 +41,8 @@ def stride_of(sample: float) -> int:
 def first_sampled(offset: int, stride: int, blocks: int) -> int:
     """The first sampled block of ``blocks``: rotates with ``offset`` over ``min(stride, blocks)``
     phases, so every block is visited within ``stride`` calls and every param yields one. It
-    depends on ``offset % stride`` only, so a check's plan repeats every ``stride`` calls."""
+    depends on ``offset % stride`` only (the replica fold's rows rotate the same way); the shard
+    check computes it on the device (``Phase.first``)."""
     return (offset % stride) % max(1, min(stride, blocks))
 
 
@@ -114,14 +115,16 @@ class Phase:
 
     Also holds what a run derives from it and shares between items (``first``: one remainder
     per distinct modulus), and the index ramps the items' indices are made of: made at plan time,
-    never inside a capture (a tensor made there holds nothing until the graph replays)."""
+    never inside a capture (a tensor made there holds nothing until the graph replays), as long
+    as the longest part of an item that is read on the device (a batch's blocks at most)."""
 
     def __init__(self, stride: int, offset: int = 0) -> None:
         self.stride = stride
         self.value = offset % stride
         self._tensors: dict[torch.device, torch.Tensor] = {}
         self._ramps: dict[torch.device, torch.Tensor] = {}
-        self._run: dict[Any, Any] = {}  # this run's derived tensors
+        self._run: dict[Any, torch.Tensor] = {}  # this run's remainders of the phase
+        self._local: dict[Any, tuple[Phased, torch.Tensor]] = {}  # the current batch's indices
 
     def set(self, offset: int) -> None:
         """The phase of the next run (a fill on the device: no sync)."""
@@ -137,15 +140,21 @@ class Phase:
             self._tensors[device] = torch.full((), self.value, dtype=torch.int64, device=device)
         ramp = self._ramps.get(device)
         if ramp is None or ramp.numel() < count:
-            self._ramps[device] = torch.arange(max(count, 2 * (0 if ramp is None else ramp.numel())),
-                                               device=device)  # fmt: skip
+            self._ramps[device] = torch.arange(
+                max(count, 2 * (0 if ramp is None else ramp.numel())), device=device
+            )
 
     def tensor(self, device: torch.device) -> torch.Tensor:
         return self._tensors[device]
 
     def begin(self) -> None:
         """A new run: what the last one derived from the phase is stale."""
-        self._run = {}
+        self._run, self._local = {}, {}
+
+    def done(self) -> None:
+        """A batch is compared: its items' indices are not read again in this run (kept, a whole
+        plan's would hold 8 bytes per sampled block, in a captured graph's pool too)."""
+        self._local = {}
 
     def first(self, device: torch.device, mod: int) -> torch.Tensor:
         """``first_sampled`` on the device: the phase modulo ``mod`` (0-d)."""
@@ -157,17 +166,18 @@ class Phase:
     def local(self, blocks: Phased, device: torch.device) -> torch.Tensor:
         """The sampled blocks' indices into their slice's whole blocks, for this run."""
         key = (id(blocks), device)
-        kept = self._run.get(key)
+        kept = self._local.get(key)
         if kept is not None and kept[0] is blocks:
-            return kept[1]  # type: ignore[no-any-return]
+            return kept[1]
         first = self.first(device, min(blocks.step, blocks.n))
-        ramp = self._ramps[device][blocks.lo : blocks.lo + blocks.count]
-        local = torch.add(first, ramp, alpha=blocks.step)
+        local = torch.add(first, self._ramps[device][: blocks.count], alpha=blocks.step)
+        if blocks.lo:  # a later part of the item (the ramp is as long as a batch, not a param)
+            local.add_(blocks.lo * blocks.step)
         if blocks.n > blocks.step and blocks.n % blocks.step and blocks.lo + blocks.count >= blocks.full:
             # At a phase past ``n % step`` the last index has no block: it reads the one before
             # it (a block of the same phase), so shapes stay fixed and no other block is read.
             local = torch.where(local >= blocks.n, local - blocks.step, local)
-        self._run[key] = (blocks, local)
+        self._local[key] = (blocks, local)
         return local
 
 

@@ -23,7 +23,7 @@ from . import fused, graphs
 from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, pack, sides, split
 from .probe import Probed, Refused, why_type
 from .read import BLOCK, Reader, decode
-from .reference import self_check
+from .reference import PROBE_ROWS, self_check
 from .report import ParamMismatch, WeightReport
 from .sampling import Phase, sampled_mxfp8, sampled_runs
 
@@ -104,9 +104,9 @@ class ShardCheck:
             views = (reader.flat[e - tail : e], main[e - s - tail : e - s]) if tail else None
             item = Item(slot, reader, main, s, blocks, views)
             self.slots.append(Slot(name, 0, 0, sampled=blocks, tail=tail))
-        self.phase.reserve(main.device, blocks.count)
-        if reader.flat.device != main.device:
-            self.phase.reserve(reader.flat.device, blocks.count)
+        devices = {main.device, reader.flat.device}
+        for device in devices:  # for the probe's blocks
+            self.phase.reserve(device, min(blocks.count, PROBE_ROWS))
         if item.blocks.count == 0 and item.tail is None:
             self.empty[key] = self.empty.get(key, 0) + 1  # no whole block here: nothing to compare
             return
@@ -114,6 +114,9 @@ class ShardCheck:
         if key in self.refused:
             self.slots[slot].unchecked = self.refused[key]
             return
+        if key not in self.fused:  # the fused kernel computes its indices itself
+            for device in devices:
+                self.phase.reserve(device, min(blocks.count, cap))
 
         def fresh() -> Batch:  # this param stands for the batch it opens
             return self.batches.setdefault(key, Batch(key, param, mxfp8, round_to))
@@ -183,6 +186,7 @@ class ShardCheck:
     def _flush(self, batch: Batch) -> None:
         try:
             self._compare(batch)
+            self.phase.done()
         except Exception as exc:  # noqa: BLE001 - the rank must still join the all-reduce
             reason = str(exc) if isinstance(exc, Refused) else why_type(batch.param, exc)
             self.refused[batch.key], self.reusable = reason, False
@@ -237,6 +241,7 @@ class ShardCheck:
             self._new_flags()
             for batch in self.planned:
                 self._compare(batch)
+                self.phase.done()
             return torch.stack([v for _, v in self.verdicts])
 
         try:

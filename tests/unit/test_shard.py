@@ -194,3 +194,45 @@ def test_sampled_scales_of_whole_tile_rows_read_at_their_positions(path: str, of
         return
     assert not report.ok and report.shard_mismatch_count == 1, report.message()
     assert report.shard_mismatches[0].elements == nonzero > 0, report.message()
+
+
+# ------------------------------------------- a sample costs its sample on the own-write path
+@pytest.mark.parametrize("budget", [64 << 20, 150_000])  # one batch; 256-block batches
+def test_a_sampled_check_writes_once_per_batch_across_params(
+    monkeypatch: pytest.MonkeyPatch, budget: int
+) -> None:
+    """Issue 32.2: on the type's own write path a sampled check of many params of one type
+    writes each batch's sampled rows once (a batch holds many params' rows), not once per param
+    or per budget slice of each param, at every phase of the rotation; and only sampled rows."""
+    monkeypatch.setenv("MXFP8_VERIFY_FUSED", "0")
+    stride, count = 16, 24
+    params = []
+    for i in range(count):
+        torch.manual_seed(i)
+        values = (torch.randn(64, 256) * 0.02).to(torch.bfloat16)  # 512 blocks: 32 sampled
+        param = TEShapedMXFP8Quantizer(rowwise=True, columnwise=False).quantize(values)
+        params.append((f"w{i}", param, values.float().reshape(-1)))
+    check = ShardCheck(WeightReport(event="t"), atol=0.0, stride=stride, offset=0, budget_bytes=budget)
+    for name, param, main in params:
+        reader = reader_for(param)
+        assert isinstance(reader, Reader)
+        check.add(name, param, reader, Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=True)
+    (reference,) = check.references.values()
+    rows: list[int] = []
+    write = reference.write
+
+    def counted(dst: object, src: torch.Tensor) -> None:
+        rows.append(src.shape[0])
+        write(dst, src)
+
+    monkeypatch.setattr(reference, "write", counted)
+    for offset in range(stride):
+        report = WeightReport(event="t")
+        check.restart(report, offset)
+        check.finish(max_names=5)
+        assert report.ok and report.params_checked == count, report.message()
+    batches = len(check.planned)
+    assert batches == (1 if budget > 1 << 20 else 3)  # 768 sampled blocks; 256 a batch
+    assert all(len({it.slot for it in b.items}) >= 8 for b in check.planned)  # many params a batch
+    assert len(rows) == stride * batches, rows  # one write per batch per call
+    assert sum(rows) == stride * count * 512 // stride  # only the sampled rows (whole 32-row tiles)
