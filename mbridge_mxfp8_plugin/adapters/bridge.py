@@ -180,6 +180,7 @@ class MXFP8ParamSyncCallback(SessionFace):
         if resumed and engine is not None:
             self.session.loaded()  # F: re-derived at the first step start unless the loop keeps pre-hooks on
         self.session.verify("checkpoint load", context.model, optimizer, when=resumed)
+        self.session.prepare_verify()
 
     def on_train_step_start(self, context: Any) -> None:
         engine = self._engine(context)

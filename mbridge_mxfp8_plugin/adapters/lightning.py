@@ -225,6 +225,7 @@ class MXFP8ParamSyncLightningCallback(Callback, SessionFace):
         if resumed and self.engine is not None:
             self.session.loaded()  # F: re-derived at the first batch unless its pre-hooks are on
         self.session.verify("checkpoint load", when=resumed)
+        self.session.prepare_verify()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # Drop references to the model so a finished Trainer does not keep it alive through us.

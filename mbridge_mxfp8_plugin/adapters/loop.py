@@ -84,6 +84,7 @@ class MXFP8ParamSync(SessionFace):
         self._stepped = False
         self.session.remember(self.model_chunks, optimizer)
         if self.session.disabled():
+            self.session.prepare_verify()  # the check runs with enabled=False too
             return
         engine = self.session.bind(self.model_chunks, optimizer)
         if engine is not None:
@@ -91,6 +92,7 @@ class MXFP8ParamSync(SessionFace):
             # Megatron-LM core_v0.19 with megatron-core >= 0.19 stages before every forced sync
             # itself: every call is then a no-op (engine.passive).
             engine.loop_stages_itself()
+        self.session.prepare_verify()
 
     def _working(self) -> ParamSyncEngine | None:
         """The engine when there is work for it: not when inactive or the loop stages itself."""

@@ -9,6 +9,7 @@ and apart from each adapter so that Bridge, Lightning and the loop API cannot dr
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -242,20 +243,9 @@ class Session:
         self.remember(model_chunks, optimizer)
         if not when:
             return None
-        engine = self.engine
-        chunks = engine.model_chunks if engine is not None else self.verify_chunks
-        opt = (engine.optimizer if engine is not None else None) or self.verify_optimizer
-        if not chunks or opt is None or not distributed_optimizers(opt):
+        report = self._check(f"{event} ({self.framework})")
+        if report is None:
             return None
-        from ..verify import verify_weights
-
-        report = verify_weights(
-            chunks,
-            opt,
-            event=f"{event} ({self.framework})",
-            sample=self.options.verify_sample,
-            accept_unchecked=self.options.verify_accept_unchecked,
-        )
         self.last_report = report
         self._warn_unreadable_types(report)
         if report.ok:
@@ -265,6 +255,62 @@ class Session:
             report.raise_if_bad()
         log_rank_zero(logging.ERROR, "%s (strict=False: training goes on)", report.message())
         return report
+
+    def _check(self, event: str) -> WeightReport | None:
+        """One ``verify_weights`` call on what this session checks, or None where nothing can be
+        checked yet (no model chunks or distributed optimizer seen)."""
+        engine = self.engine
+        chunks = engine.model_chunks if engine is not None else self.verify_chunks
+        opt = (engine.optimizer if engine is not None else None) or self.verify_optimizer
+        if not chunks or opt is None or not distributed_optimizers(opt):
+            return None
+        from ..verify import verify_weights
+
+        return verify_weights(
+            chunks,
+            opt,
+            event=event,
+            sample=self.options.verify_sample,
+            accept_unchecked=self.options.verify_accept_unchecked,
+        )
+
+    def prepare_verify(self) -> None:
+        """Train start: make the weight check's costly first calls here, not at the first eval.
+
+        A job's first check builds the plan (the walk, each type's probe, the fused kernel's
+        compile) and its second captures the plan as a CUDA graph: each costs several steady
+        checks, and at an eval they stall every rank. Made here, every later check is a replay.
+        These are real checks of the weights as initialised or loaded, but no loop promises
+        current weights at train start, so a verdict that is not ok is logged, never raised (the
+        checks at eval, save and load judge). Every rank calls it at the same point: each call
+        joins the check's all-reduce."""
+        if not self.options.verify_weights or self.owner is not None:
+            return
+        times: list[float] = []
+        report = None
+        for _ in range(2):
+            t0 = time.perf_counter()
+            report = self._check(f"train start, warm-up ({self.framework})")
+            if report is None:
+                return
+            times.append(time.perf_counter() - t0)
+        assert report is not None
+        log_rank_zero(
+            logging.INFO,
+            "MXFP8 weight check prepared at train start in %.2f s (first call %.2f s: its plan, probes "
+            "and kernel compile; second %.2f s: its CUDA-graph capture where there is a GPU); the checks "
+            "at evals and saves reuse them",
+            sum(times),
+            times[0],
+            times[1],
+        )
+        self._warn_unreadable_types(report)  # NOT CHECKED is said there, once per type
+        if not report.ok and report.verdict != "not checked":
+            log_rank_zero(
+                logging.WARNING,
+                "%s (at train start: logged only, the weights are judged at eval)",
+                report.message(),
+            )
 
     def loaded(self) -> None:
         """A checkpoint was loaded (where the verifier checks "checkpoint load"): the next step

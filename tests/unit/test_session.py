@@ -196,3 +196,45 @@ def test_an_unreadable_mxfp8_type_is_a_failure_named_once_unless_accepted(caplog
                     sync.session.verify(event, [chunk], optimizer)
     warnings = [r.getMessage() for r in caplog.records if logging.WARNING <= r.levelno < logging.ERROR]
     assert len(warnings) == 1 and "OpaqueMXFP8" in warnings[0] and "docs/verify.md" in warnings[0], warnings
+
+
+@pytest.mark.parametrize("verdict", ["ok", "wrong", "not checked"])
+def test_the_check_is_prepared_at_train_start_and_its_verdict_only_logged(caplog, monkeypatch, verdict):
+    """Issue 32.3: with the option on, train start makes the check's two costly calls (the plan,
+    then its capture), so no eval pays them; those are real checks of the weights, but no loop
+    promises current weights there, so even under strict a bad verdict is a WARNING, not a raise
+    (a NOT CHECKED type is named once by the unreadable-type warning). Option off: no call."""
+    import mbridge_mxfp8_plugin.adapters.session as adapter
+    import mbridge_mxfp8_plugin.verify as verify
+    from mbridge_mxfp8_plugin.verify import ParamMismatch, WeightReport
+
+    calls: list[str] = []
+
+    def fake_verify(chunks, optimizer, *, event, sample, accept_unchecked):
+        calls.append(event)
+        report = WeightReport(event, params_checked=3)
+        if verdict == "wrong":
+            report.shard_mismatches, report.shard_mismatch_count = [ParamMismatch("w", 1.0, 3)], 1
+        if verdict == "not checked":
+            report.add_unchecked("w1", "values behind __torch_dispatch__", "OpaqueMXFP8")
+        return report
+
+    monkeypatch.setattr(verify, "verify_weights", fake_verify)
+    monkeypatch.setattr(adapter, "distributed_optimizers", lambda opt: [opt])
+    chunk, optimizer = BucketlessChunk(), object()
+    mxfp8_param_sync([chunk], optimizer, enabled=False)
+    assert calls == []  # the option off: control
+    with caplog.at_level(logging.INFO, logger="mbridge_mxfp8_plugin"):
+        sync = mxfp8_param_sync([chunk], optimizer, enabled=False, verify_weights=True, strict=True)
+    assert calls == ["train start, warm-up (loop API)"] * 2
+    assert sync.session.last_report is None  # not an event's check
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("weight check prepared at train start in" in m for m in infos), infos
+    warnings = [r.getMessage() for r in caplog.records if logging.WARNING <= r.levelno < logging.ERROR]
+    if verdict == "ok":
+        assert warnings == []
+    elif verdict == "wrong":
+        assert len(warnings) == 1 and "WRONG" in warnings[0] and "logged only" in warnings[0], warnings
+    else:
+        assert len(warnings) == 1 and "OpaqueMXFP8" in warnings[0], warnings
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
