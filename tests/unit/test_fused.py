@@ -144,3 +144,40 @@ def test_usable_only_for_layouts_it_reads() -> None:
     assert not fused.usable(Reader(codes, scales, 2, torch.float8_e5m2), torch.bfloat16, main)
     assert not fused.usable(e4m3, torch.float16, main)
     assert not fused.usable(Reader(main), torch.bfloat16, main)  # values, no codes
+
+
+@pytest.mark.parametrize("last", [96, 128])
+@pytest.mark.parametrize("stride", [3, 16])
+def test_the_phase_is_read_from_its_tensor(last: int, stride: int) -> None:
+    """Issue 32.1: one launch's geometry (``Phased``) compares, at whatever phase its tensor
+    holds, exactly that phase's blocks (``mxfp8_blocks``): block ``g`` of the shard is changed in
+    ``g % 7 + 1`` code bytes, and the count at each phase is the sum over that phase's blocks,
+    each once (a phase with one block fewer masks the missing one), also split into parts."""
+    from mbridge_mxfp8_plugin.verify.sampling import Phase, mxfp8_blocks, sampled_mxfp8
+
+    rows, s = 9, last + 40  # the shard starts mid-row: its first block straddles, skipped
+    param = _wide(rows, last, seed=stride)
+    reader, codes, _ = _te_reader(param.to(torch.bfloat16))
+    shard = param.reshape(-1)[s:].clone()
+    per_row = last // BLOCK
+    changed = torch.zeros(rows * per_row, dtype=torch.int64)
+    for g in range(rows * per_row):
+        changed[g] = g % 7 + 1
+        codes[g * BLOCK : g * BLOCK + int(changed[g])] ^= 0x01
+    phase = Phase(stride)
+    blocks, _ = sampled_mxfp8(param, s, rows * last, phase)
+    phase.reserve(torch.device("cpu"), blocks.count)
+    tensor = phase.tensor(torch.device("cpu"))
+    for offset in range(stride):
+        phase.set(offset)
+        old, _ = mxfp8_blocks(param, s, rows * last, offset, stride)
+        want = int(changed[old.start : old.start + old.count * old.step : old.step].sum())
+        assert old.count and _count_at(shard, -s, reader, blocks, tensor) == want, offset
+        parts = [blocks.part(lo, min(2, blocks.count - lo)) for lo in range(0, blocks.count, 2)]
+        assert sum(_count_at(shard, -s, reader, p, tensor) for p in parts) == want, offset
+
+
+def _count_at(main: torch.Tensor, base: int, reader: Reader, blocks: Blocks, phase: torch.Tensor) -> int:
+    flags = torch.zeros(1, dtype=torch.int32)
+    fused.compare(main, base, reader, blocks, True, flags, 0, phase)
+    return int(flags[0])
