@@ -59,6 +59,7 @@ from typing import Any
 import eval_transition
 import host_cost
 import verify_cost
+import verify_te
 from _job import (
     DEFAULT_SIZES,
     REPO,
@@ -383,7 +384,7 @@ def main() -> int:
     vw = sub.add_parser("verify-worker")
     vw.add_argument("--sizes", default=DEFAULT_SIZES)
     vw.add_argument("--json", required=True)
-    v = sub.add_parser("verify", help="the weight verifier on the TE-shaped type (issue 23)")
+    v = sub.add_parser("verify", help="the weight verifier on the TE-shaped type, per path (issue 32)")
     v.add_argument("--core", action="append", help="VERSION=PYTHONPATH; default: the installed one")
     v.add_argument("--sizes", default=DEFAULT_SIZES)
     v.add_argument("--nproc", type=int, default=1)
@@ -398,10 +399,10 @@ def main() -> int:
         worker(args)
         return 0
     if args.cmd == "verify-worker":
-        verify_cost.verify_worker(args)
+        verify_te.worker(args)
         return 0
     if args.cmd == "verify":
-        return verify_cost.run_verify(args)
+        return verify_te.run(args)
     return run(args)
 
 

@@ -1,0 +1,278 @@
+"""The weight verifier's cost on the TE-shaped MXFP8 type, against the job's own eval transition
+(issue 32): ``eval_sync.py verify`` drives it, one ``verify-worker`` per megatron-core install.
+
+What a job sees, call by call, on three paths:
+
+* ``fused``: weights written by TE's rule (the kit's emulated TE cast), checked by the fused
+  kernel where its probe accepts the type;
+* ``own``: the same weights with the kernel off (``MXFP8_VERIFY_FUSED=0``): every check goes
+  through the type's own write, as it does for any type the kernel does not match;
+* ``other``: weights written by another rule (the one-pass stand-in with unit scales), which the
+  kernel refuses: the type's own write again, with another write function.
+
+At three samples (1/16, the default; 1/64; 1.0, the full check), each on a fresh plan: the first
+call of the job, then every later call one by one (the second is where a plan is captured as a
+CUDA graph), the steady state, and the train-start warm-up the plugin makes (two calls) followed
+by as many calls as the sample has phases. The denominators are eval transitions measured in the
+same process: each path's own (``own``: the emulated cast's; ``other``: the one-pass cast's) and,
+for ``fused``, the one-pass transition, which stands in for TE's fast cast of a real job (the
+stricter of the two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from _casts import nothing, one_pass_te
+from _job import (
+    between_evals,
+    core_env,
+    finish_ranks,
+    measure_sizes,
+    peak_extra,
+    prepared_job,
+    prestaged_transition,
+    start_ranks,
+    sync,
+    timed,
+    timeit,
+    torchrun,
+)
+
+#: Issue 32's acceptance, per path: ratios to the path's eval transition.
+TARGETS = {
+    "sampled_later": 0.10,  # every call from the second of the job on
+    "sampled_first": 1.0,
+    "sampled_vs_full": 0.10,
+    "full_later_own": 1.0,
+    "full_later_fused": 0.5,
+    "full_first": 1.5,
+    "peak_bytes": 64 << 20,
+}
+SAMPLES = {"s16": 1 / 16, "s64": 1 / 64, "full": 1.0}
+#: path -> (the cast that wrote the weights, fused kernel allowed, the transition it is set against)
+PATHS = {
+    "fused": ("emulated", True, "onepass"),
+    "own": ("emulated", False, "emulated"),
+    "other": ("onepass", True, "onepass"),
+}
+
+
+def _fresh() -> None:
+    """Forget every plan, probe and graph: the next call is a job's first."""
+    from mbridge_mxfp8_plugin.verify import weights
+
+    weights._PLANS.clear()
+
+
+def _plans() -> list[Any]:
+    from mbridge_mxfp8_plugin.verify import weights
+
+    return [plan.check for layout in list(weights._PLANS.values()) for plan in layout.plans.values()]
+
+
+def _measure(job: Any, key: str, sample: float) -> dict[str, Any]:
+    """One path at one sample: first call, later calls, steady state, warm-up, memory."""
+    from mbridge_mxfp8_plugin import verify_weights
+
+    def check() -> Any:
+        return verify_weights(job.model, job.optimizer, event="benchmark", sample=sample)
+
+    stride = round(1 / sample)
+    res: dict[str, Any] = {}
+    _fresh()
+    sync()
+    t0 = time.perf_counter()
+    report = check()
+    sync()
+    res[f"{key}_first_s"] = time.perf_counter() - t0
+    later = [timed(check) for _ in range(max(4, 2 * stride))]
+    res[f"{key}_later_s"] = later
+    res[f"{key}_later_median_s"] = statistics.median(later)
+    res[f"{key}_later_max_s"] = max(later)
+    res[f"{key}_s"] = timeit(check)
+    res[f"{key}_ok"] = bool(report.ok and not report.unchecked)
+    res[f"{key}_ok_steady"] = bool(check().ok)
+    res[f"{key}_paths"] = report.reference_paths
+    res[f"{key}_fused"] = any("fused" in p for p in report.reference_paths)
+    res[f"{key}_elements"] = report.elements_checked
+    plans = _plans()
+    res[f"{key}_plans"] = len(plans)
+    res[f"{key}_graphs"] = sum(getattr(c, "graph", None) is not None for c in plans)
+    res[f"{key}_no_graph"] = sorted({c.no_graph for c in plans if getattr(c, "no_graph", "")})
+    steady_peak = peak_extra(check)
+    _fresh()  # a fresh plan's first call allocates the most (probes, eager compares)
+    res[f"{key}_peak_extra_bytes"] = max(steady_peak, peak_extra(check))
+    # The plugin's train-start warm-up (two calls), then the job's evals.
+    _fresh()
+    res[f"{key}_warm_s"] = timed(check) + timed(check)
+    res[f"{key}_after_warm_max_s"] = max(timed(check) for _ in range(stride))
+    return res
+
+
+def measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
+    """Eval transitions with both casts, then every path at every sample."""
+    import torch
+
+    job, engine = prepared_job(hidden, layers)
+    res: dict[str, Any] = {"size": label, "params": sum(p.numel() for p in job.model[0].parameters())}
+    res["dp"] = torch.distributed.get_world_size()
+    res["mxfp8_type"] = sorted({type(p).__name__ for p in job.model[0].parameters()})
+    reset = between_evals(engine)
+    casts = {"emulated": nothing, "onepass": one_pass_te}
+    t0 = time.perf_counter()
+    for cast, quant in casts.items():
+        with quant():
+            res[f"eval_{cast}_s"] = timeit(lambda: prestaged_transition(job, engine), reset)
+    for path, (cast, fused, _) in PATHS.items():
+        os.environ["MXFP8_VERIFY_FUSED"] = "1" if fused else "0"
+        with casts[cast]():
+            reset()
+            prestaged_transition(job, engine)  # the weights are current: what the option checks
+            for kind, sample in SAMPLES.items():
+                res.update(_measure(job, f"{kind}_{path}", sample))
+    os.environ.pop("MXFP8_VERIFY_FUSED", None)
+    res["seconds"] = time.perf_counter() - t0
+    return res
+
+
+def worker(args: argparse.Namespace) -> None:
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    os.environ["MXFP8_PARAM_KIND"] = "te"
+    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
+
+    start_ranks()
+    import megatron.core
+
+    out: dict[str, Any] = {"core": megatron.core.__version__, "torch": torch.__version__, "sizes": []}
+    with cpu_shim(), emulated_mxfp8():
+        measure_sizes(out, args.sizes, measure_size)
+    finish_ranks(out, args.json)
+
+
+# ------------------------------------------------------------------------------ the report
+def rows_of(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per size and path: its ratios and its verdicts on issue 32's targets."""
+    rows = []
+    for size in raw["sizes"]:
+        for path, (_, _, against) in PATHS.items():
+            t = size[f"eval_{against}_s"]
+            row: dict[str, Any] = {"core": raw["core"], "size": size["size"], "path": path, "eval_s": t}
+            row["eval_against"] = against
+            for kind in SAMPLES:
+                k = f"{kind}_{path}"
+                for what in ("first", "later_median", "later_max", "", "warm", "after_warm_max"):
+                    name = f"{k}_{what}_s" if what else f"{k}_s"
+                    row[f"{kind}_{what or 'steady'}_s"] = size[name]
+                    row[f"{kind}_{what or 'steady'}_x"] = size[name] / t
+                row[f"{kind}_peak_extra_bytes"] = size[f"{k}_peak_extra_bytes"]
+                row[f"{kind}_ok"] = size[f"{k}_ok"] and size[f"{k}_ok_steady"]
+                row[f"{kind}_plans"], row[f"{kind}_graphs"] = size[f"{k}_plans"], size[f"{k}_graphs"]
+                row[f"{kind}_no_graph"] = "; ".join(size[f"{k}_no_graph"])
+                row[f"{kind}_fused_used"] = size[f"{k}_fused"]
+            row["s16_vs_full"] = size[f"s16_{path}_s"] / size[f"full_{path}_s"]
+            row["s64_vs_s16"] = size[f"s64_{path}_s"] / size[f"s16_{path}_s"]
+            row["fused_used"] = all(row[f"{kind}_fused_used"] for kind in SAMPLES)
+            row["judged"] = path != "fused" or row["fused_used"]
+            full_later = TARGETS["full_later_fused"] if path == "fused" else TARGETS["full_later_own"]
+            row["checks"] = {
+                "sampled (1/16) every call from the second <= 0.10x": row["s16_later_max_x"]
+                <= TARGETS["sampled_later"],
+                "sampled first call <= 1.0x": row["s16_first_x"] <= TARGETS["sampled_first"],
+                "sampled / full <= 0.1": row["s16_vs_full"] <= TARGETS["sampled_vs_full"],
+                "1/64 cheaper than 1/16": row["s64_vs_s16"] < 1.0,
+                f"full every call from the second <= {full_later}x": row["full_later_max_x"] <= full_later,
+                "full first call <= 1.5x": row["full_first_x"] <= TARGETS["full_first"],
+                "extra peak <= 64 MiB": all(
+                    row[f"{kind}_peak_extra_bytes"] <= TARGETS["peak_bytes"] for kind in SAMPLES
+                ),
+                "no false alarm": all(row[f"{kind}_ok"] for kind in SAMPLES),
+            }
+            rows.append(row)
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib not installed: no plot at {path}")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = [
+        ("sampled 1/16, first call", "s16_first_x"),
+        ("sampled 1/16, calls 2.. (max)", "s16_later_max_x"),
+        ("sampled 1/16, steady", "s16_steady_x"),
+        ("sampled 1/64, steady", "s64_steady_x"),
+        ("full, first call", "full_first_x"),
+        ("full, calls 2.. (max)", "full_later_max_x"),
+        ("full, steady", "full_steady_x"),
+    ]
+    fig, ax = plt.subplots(figsize=(12, 4.8))
+    labels = [f"{r['size']} {r['core']}\n{r['path']}" for r in rows]
+    width = 0.11
+    for i, (name, key) in enumerate(series):
+        xs = [x + (i - 3) * width for x in range(len(rows))]
+        ax.bar(xs, [r[key] for r in rows], width, label=name)
+    for y in (TARGETS["sampled_later"], 1.0):
+        ax.axhline(y, color="k", ls="--", lw=0.8)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("x the eval transition (same process)")
+    ax.set_title("verify_weights on the TE-shaped MXFP8 type: fused kernel, own write, another rule")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args: argparse.Namespace) -> int:
+    """One worker per core install (or the current environment), then JSON, CSV and a plot."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for spec in [] if args.no_run else args.core or ["installed="]:
+        version, path = spec.split("=", 1)
+        json_path = out / f"verify_te_core{version.replace('.', '')}.json"
+        env = core_env(path, MXFP8_PARAM_KIND="te")
+        cmd = torchrun(args.nproc, "verify-worker", "--sizes", args.sizes, "--json", str(json_path))
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, env=env, check=True)
+    raws = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("verify_te_core*.json"))}
+    rows = [row for raw in raws.values() for row in rows_of(raw)]
+    checks = [
+        (f"{r['size']} core {r['core']} {r['path']}: {name}", ok)
+        for r in rows
+        if r["judged"]
+        for name, ok in r["checks"].items()
+    ]
+    for name, ok in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    for r in rows:
+        print(
+            f"{r['size']} {r['core']} {r['path']}: 1/64 / 1/16 = {r['s64_vs_s16']:.2f}, "
+            f"sampled / full = {r['s16_vs_full']:.3f}, fused kernel used: {r['fused_used']}"
+        )
+    result = {"targets": TARGETS, "rows": rows, "raw": raws, "checks": checks}
+    result["all_pass"] = all(ok for _, ok in checks)
+    (out / "verify_te.json").write_text(json.dumps(result, indent=2))
+    with open(out / "verify_te.csv", "w", newline="") as f:
+        flat = [{k: v for k, v in r.items() if k != "checks"} for r in rows]
+        writer = csv.DictWriter(f, fieldnames=sorted({k for r in flat for k in r}))
+        writer.writeheader()
+        writer.writerows(flat)
+    plot(rows, out / "verify_te.png")
+    print(f"verify_te: {'PASS' if result['all_pass'] else 'FAIL'} ({out}/verify_te.{{json,csv,png}})")
+    return 0
