@@ -124,7 +124,7 @@ class Phase:
         self._tensors: dict[torch.device, torch.Tensor] = {}
         self._ramps: dict[torch.device, torch.Tensor] = {}
         self._run: dict[Any, torch.Tensor] = {}  # this run's remainders of the phase
-        self._local: dict[Any, tuple[Phased, torch.Tensor]] = {}  # the current batch's indices
+        self._local: dict[Any, torch.Tensor] = {}  # the current batch's indices, by geometry
 
     def set(self, offset: int) -> None:
         """The phase of the next run (a fill on the device: no sync)."""
@@ -164,11 +164,13 @@ class Phase:
         return self._run[key]
 
     def local(self, blocks: Phased, device: torch.device) -> torch.Tensor:
-        """The sampled blocks' indices into their slice's whole blocks, for this run."""
-        key = (id(blocks), device)
+        """The sampled blocks' indices into their slice's whole blocks, for this run. Relative to
+        the slice, so the params of one shape in a batch (a model's layers) share them: the
+        per-param work is then the gathers alone."""
+        key = (device, blocks.n, blocks.step, blocks.lo, blocks.count)
         kept = self._local.get(key)
-        if kept is not None and kept[0] is blocks:
-            return kept[1]
+        if kept is not None:
+            return kept
         first = self.first(device, min(blocks.step, blocks.n))
         local = torch.add(first, self._ramps[device][: blocks.count], alpha=blocks.step)
         if blocks.lo:  # a later part of the item (the ramp is as long as a batch, not a param)
@@ -177,8 +179,19 @@ class Phase:
             # At a phase past ``n % step`` the last index has no block: it reads the one before
             # it (a block of the same phase), so shapes stay fixed and no other block is read.
             local = torch.where(local >= blocks.n, local - blocks.step, local)
-        self._local[key] = (blocks, local)
+        self._local[key] = local
         return local
+
+    def scale_index(self, blocks: Phased, device: torch.device, cols: int) -> torch.Tensor:
+        """The sampled blocks' scale bytes in rows of ``cols`` (padded past ``per_row``), from
+        the slice's first row: shared like ``local``."""
+        c0, per_row = blocks.start % blocks.per_row, blocks.per_row
+        key = (device, blocks.n, blocks.step, blocks.lo, blocks.count, c0, per_row, cols)
+        kept = self._local.get(key)
+        if kept is None:
+            column = self.local(blocks, device) + c0
+            kept = self._local[key] = (column // per_row) * cols + column % per_row
+        return kept
 
 
 @dataclass(frozen=True)
@@ -222,12 +235,13 @@ class Phased(Blocks):
         return gather_ragged(flat, base, local + self.start, self.last)
 
     def take_scales(self, scales: torch.Tensor, cols: int) -> torch.Tensor:
-        local = self.phase.local(self, scales.device)
         if cols == self.per_row:
             whole = scales.as_strided((self.n,), (1,), scales.storage_offset() + self.start)
-            return whole.index_select(0, local)
-        ids = local + self.start
-        return scales[(ids // self.per_row) * cols + ids % self.per_row]
+            return whole.index_select(0, self.phase.local(self, scales.device))
+        row, c0 = divmod(self.start, self.per_row)
+        span = ((c0 + self.n - 1) // self.per_row) * cols + self.per_row
+        rows = scales.as_strided((span,), (1,), scales.storage_offset() + row * cols)
+        return rows.index_select(0, self.phase.scale_index(self, scales.device, cols))
 
     def kernel_args(self) -> tuple[int, int, int, int, int, int]:
         return self.start, self.lo, self.count, self.n, min(self.step, self.n), self.step
