@@ -1,6 +1,8 @@
 """The shard check: sampled blocks of every owned slice against their quantized main shard.
 
-Per param the work is a few strided views (no copy where rows are whole blocks); the reads, the
+Per param the work is a few strided views at a full check (no copy where rows are whole blocks),
+or at a sampled one a gather of its sampled blocks at the phase the plan is run with (the phase
+is a device tensor, so one plan and its captured graph serve every phase); the reads, the
 reference quantization and the comparison run once per batch of params that share a type and
 configuration, so the host cost does not grow with the ops per param. A batch holds at most
 ``batch_elements`` elements, set from the memory budget (``verify_weights``): the check's extra
