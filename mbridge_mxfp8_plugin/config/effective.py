@@ -211,29 +211,33 @@ class EffectiveConfig:
         return False if all(v.known for v in vals) else None
 
     def moe(self) -> tuple[bool | None, str]:
-        """Whether the model has experts, and the evidence: ``num_moe_experts``, an expert
-        parallel size above 1, or any other expert knob, written here or set by the named base
-        recipe (``check --recipe``). None when neither the file nor the recipe's source says."""
+        """Whether the model has experts, and the evidence, written here or set by the named base
+        recipe (``check --recipe``): ``num_moe_experts`` (what makes megatron-core build experts)
+        or an expert parallel size above 1 (which core accepts only with experts). Another expert
+        knob proves nothing: every GPT provider sets ``moe_router_topk``, dense ones included, so
+        one set without ``num_moe_experts`` leaves the answer unknown (None), with that knob named."""
         experts = self.model("num_moe_experts")
         if experts.known and isinstance(experts.value, int) and experts.value > 0:
             return True, f"{experts.path}={experts.value}"
         ep = self.model("expert_model_parallel_size")
         if ep.known and isinstance(ep.value, int) and ep.value > 1:
             return True, f"{ep.path}={ep.value}"
+        if experts.known:
+            return False, f"{experts.path}={yaml_literal(experts.value)}"
         base = self.view.base_recipe.model if self.view.base_recipe is not None else {}
-        written = self.view.sections.get("model", {})
+        stated = {**base, **self.view.sections.get("model", {})}
         # A parallel size of 1 or a knob turned off says nothing (dense recipes set them too).
         parallel = ("expert_model_parallel_size", "expert_tensor_parallel_size")
-        stated = {**base, **written}
         knobs = sorted(
             k
             for k, v in stated.items()
             if (k.startswith("moe_") or "expert" in k) and k not in parallel and v not in (None, False)
         )
-        if knobs and not (experts.known and not experts.value):
-            return True, f"expert knob model.{knobs[0]} is set"
-        if experts.known:
-            return False, f"{experts.path}={yaml_literal(experts.value)}"
+        if knobs:
+            return None, (
+                f"expert knob model.{knobs[0]} is set but num_moe_experts is not stated (dense "
+                "providers set moe_router_topk too)"
+            )
         return None, "neither this file nor a named base recipe says whether the model has experts"
 
     def model_int(self, knob: str, default: int) -> int:

@@ -86,6 +86,20 @@ def test_moe_unknown_is_a_warning_and_a_dense_model_passes():
 
 
 @needs_bridge
+def test_an_expert_knob_alone_is_not_proof_of_moe():
+    """``moe_router_topk`` is set by every GPT provider, dense ones too: without num_moe_experts
+    (or expert parallelism) MX014 cannot tell, so it warns naming the knob; it used to be an
+    error calling the model MoE. With num_moe_experts stated the verdict follows it."""
+    code, result = _rule(DATA / "expert_knob_only.yaml", "MX014")
+    assert code == 0 and result["status"] == "warn", result
+    message = result["findings"][0]["message"]
+    assert "cannot tell whether the model has experts" in message and "moe_router_topk" in message
+    code, result = _rule(DATA / "expert_knob_only.yaml", "MX014", ["+model.num_moe_experts=8"])
+    assert code == 1 and result["status"] == "fail", result
+    assert _rule(DATA / "expert_knob_only.yaml", "MX014", ["+model.num_moe_experts=null"])[1]["status"] == "pass"
+
+
+@needs_bridge
 def test_experts_in_the_base_recipe_fire_mx014_through_recipe():
     base = find_recipe("qwen3_30b_a3b_pretrain_config")
     if base is None or base.model.get("expert_model_parallel_size", 1) <= 1:
