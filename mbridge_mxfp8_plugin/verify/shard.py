@@ -74,6 +74,8 @@ class ShardCheck:
         self.graph: Any = None  # the compares captured as one CUDA graph (see ``_capture``)
         self.graph_verdicts: list[tuple[Batch, torch.Tensor]] = []
         self.no_graph = ""  # why the compares are not replayed from a graph
+        self._capturing = False
+        self._eager: dict[tuple[int, int], Batch] = {}  # (batch, phase) -> its blocks at that phase
 
     def restart(self, report: WeightReport, offset: int) -> None:
         """Ready the same plan for another call, at the sampled phase of ``offset``: fresh
@@ -167,11 +169,14 @@ class ShardCheck:
 
     def _compare(self, batch: Batch) -> None:
         """Compare one batch; the verdict stays on the device (no host sync per batch)."""
+        if id(batch) in self._flag_of:
+            self._flush_fused(batch)  # the kernel reads the phase from its tensor
+            return
+        batch = self._at_phase(batch)
+        if not batch.items:  # only a phase's repeated last block: compared with its own part
+            return
         if batch.items[0].mxfp8_codes:
-            if id(batch) in self._flag_of:
-                self._flush_fused(batch)
-            else:
-                self._flush_codes(batch)
+            self._flush_codes(batch)
             return
         got, want, small = sides(batch, self.references)
         if small is not None and batch.key not in self.trusted:
@@ -194,6 +199,18 @@ class ShardCheck:
             self.refused[batch.key], self.reusable = reason, False
             for it in batch.items:
                 self.slots[it.slot].unchecked = reason
+
+    def _at_phase(self, batch: Batch) -> Batch:
+        """What a run reads of ``batch``: inside a capture its sampled blocks at the device-side
+        phase (gathers: the graph serves every phase); in an eager run the call's own phase as
+        host arithmetic, kept per phase (strided views, no gather: what an eager run costs where
+        a type's write cannot be captured)."""
+        if self._capturing or self.stride == 1:
+            return batch
+        key = (id(batch), self.phase.value)
+        if key not in self._eager:
+            self._eager[key] = at_phase(batch, self.phase.value)
+        return self._eager[key]
 
     def _run_eager(self) -> None:
         self.phase.begin()
@@ -241,9 +258,13 @@ class ShardCheck:
         def record() -> torch.Tensor:
             self.phase.begin()
             self._new_flags()
-            for batch in self.planned:
-                self._compare(batch)
-                self.phase.done()
+            self._capturing = True
+            try:
+                for batch in self.planned:
+                    self._compare(batch)
+                    self.phase.done()
+            finally:
+                self._capturing = False
             return torch.stack([v for _, v in self.verdicts])
 
         try:

@@ -164,9 +164,9 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
     is found at the calls of phase 11 and at no other, with the phase's own element counts."""
     from mbridge_mxfp8_plugin.verify import fused
     from mbridge_mxfp8_plugin.verify.batches import Owned
-    from mbridge_mxfp8_plugin.verify.read import reader_for
+    from mbridge_mxfp8_plugin.verify.read import Reader, reader_for
     from mbridge_mxfp8_plugin.verify.report import WeightReport
-    from mbridge_mxfp8_plugin.verify.sampling import mxfp8_blocks
+    from mbridge_mxfp8_plugin.verify.sampling import mxfp8_blocks, runs
     from mbridge_mxfp8_plugin.verify.shard import ShardCheck
 
     if fused_on == "1" and not fused.available(torch.device("cpu")):
@@ -188,6 +188,9 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
     for name, param, main in params:
         reader = reader_for(param)
         check.add(name, param, reader, Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=True)
+    plain_main = torch.randn(37 * 32 + 5, generator=torch.Generator().manual_seed(3))  # a bf16 param
+    plain = plain_main.to(torch.bfloat16)
+    check.add("plain", plain, Reader(plain), Owned(plain_main, 0, plain.numel(), torch.bfloat16), mxfp8=False)
     check.finish(max_names=5)  # the first call: eager
     assert not made
     _, wide, _ = params[0]
@@ -199,10 +202,19 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
         check.finish(max_names=5)
         phase = offset % stride
         want = sum(mxfp8_blocks(p, 0, p.numel(), offset, stride)[0].elements() for _, p, _ in params)
+        want += runs(0, plain.numel(), offset, stride)[0].count * 32
         assert report.elements_checked == want, (offset, report.elements_checked, want)
         if not report.ok:
             assert [m.name for m in report.shard_mismatches] == ["wide"], report.message()
             assert report.shard_mismatches[0].elements == 32
             found.append(phase)
     assert found == [11, 11], found
-    assert len(made) == 1 and made[0].replays == 2 * stride  # one graph, replayed by every later call
+    plain[5 * 32 + 1] += 1.0  # run 5 of the bf16 param: sampled at phase 5 (37 runs) only
+    found = []
+    for offset in range(stride):
+        report = WeightReport(event="t")
+        check.restart(report, offset)
+        check.finish(max_names=5)
+        found += [(offset, m.name) for m in report.shard_mismatches]
+    assert found == [(5, "plain"), (11, "wide")], found
+    assert len(made) == 1 and made[0].replays == 3 * stride  # one graph, replayed by every later call
