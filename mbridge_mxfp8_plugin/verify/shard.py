@@ -31,6 +31,9 @@ from .sampling import Phase, sampled_mxfp8, sampled_runs
 
 __all__ = ["ShardCheck"]
 
+#: Phases whose eager batches (views only) a plan keeps: every phase of the default sample.
+_KEPT_PHASES = 64
+
 
 class ShardCheck:
     """The shard check of one ``verify_weights`` call, and its plan for the next ones.
@@ -209,6 +212,8 @@ class ShardCheck:
             return batch
         key = (id(batch), self.phase.value)
         if key not in self._eager:
+            if len(self._eager) >= _KEPT_PHASES * len(self.planned):  # a very small sample
+                self._eager.clear()
             self._eager[key] = at_phase(batch, self.phase.value)
         return self._eager[key]
 
