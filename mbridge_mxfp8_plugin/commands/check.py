@@ -163,9 +163,7 @@ def run_check(
         payload = report.as_dict()
         payload["recipe"] = recipe
         payload["base_recipe"] = None if base is None else {"name": base.name, "provider": base.provider}
-        import json  # --json only
-
-        out.write(json.dumps(payload, indent=2) + "\n")
+        out.write(_json(payload, indent=2) + "\n")
     else:
         shown = [
             recipe,
@@ -323,9 +321,13 @@ def _is_override(text: str) -> bool:
     return True
 
 
+def _json(payload: Any, indent: int | None = None) -> str:
+    import json  # --json only: a plain check does not import it
+
+    return json.dumps(payload, indent=indent)
+
+
 def _emit_unreadable(message: str, as_json: bool, out: TextIO, err: TextIO) -> None:
     if as_json:
-        import json  # --json only
-
-        out.write(json.dumps({"ok": False, "unreadable": message}) + "\n")
+        out.write(_json({"ok": False, "unreadable": message}) + "\n")
     err.write(f"error: {message}\n")
