@@ -8,11 +8,16 @@ write paths (its batch keys: the param type, its quantizer, how its blocks are r
 again in the process, since what a type's write path does under capture does not change between
 calls. A plan of other types still is: one type whose write syncs with the host does not cost
 every other plan its replay.
+
+A pool lives as long as a graph captured into it: once every such graph is gone (its plans were
+dropped: a new layout, another job in the process), the allocator keeps the pool only to free it,
+and a capture naming it again fails an internal assert. So the next capture takes a new pool.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
@@ -23,6 +28,8 @@ __all__ = ["Uncapturable", "capture", "on_cuda", "refusal"]
 _T = TypeVar("_T")
 
 _POOLS: dict[int, Any] = {}
+#: Graphs alive in each device's pool: at 0 the pool is spent, the next capture takes a new one.
+_LIVE: dict[int, int] = {}
 _STREAMS: dict[int, Any] = {}
 #: Write paths (batch keys) whose capture failed in this process, and why.
 _GRAPHS_OFF: dict[Any, str] = {}
@@ -66,6 +73,7 @@ def capture(record: Callable[[], _T], paths: Collection[Any] = ()) -> tuple[Any,
             finally:
                 graph.capture_end()
         caller.wait_stream(stream)
+        _hold_pool(graph)
     except Exception as exc:  # noqa: BLE001 - eager compares judge the same
         caller.wait_stream(stream)
         _end_allocating_to_pool()
@@ -87,6 +95,17 @@ def _end_allocating_to_pool() -> None:
             pass
 
 
+def _hold_pool(graph: Any) -> None:
+    """Count ``graph`` as keeping its device's pool alive until it is collected."""
+    device = torch.cuda.current_device()
+    _LIVE[device] = _LIVE.get(device, 0) + 1
+
+    def released() -> None:
+        _LIVE[device] -= 1
+
+    weakref.finalize(graph, released)
+
+
 def _capture_stream() -> Any:
     """One side stream per device for every capture: the allocator reuses a freed block only on
     the stream it was allocated on, so a new stream per capture would grow the pool each time."""
@@ -100,6 +119,6 @@ def _graph_pool() -> Any:
     """One memory pool per device for every plan's graph: they replay one at a time, so each
     graph's intermediates may reuse another's (outputs stay referenced and are not reused)."""
     device = torch.cuda.current_device()
-    if device not in _POOLS:
-        _POOLS[device] = torch.cuda.graph_pool_handle()
+    if device not in _POOLS or not _LIVE.get(device):
+        _POOLS[device] = torch.cuda.graph_pool_handle()  # none yet, or the last one is spent
     return _POOLS[device]

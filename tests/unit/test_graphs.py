@@ -38,9 +38,22 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> _Calls:
     caller = _Stream(calls, "caller")
     made: list[int] = []
 
+    # torch's private pools, as far as captures rely on them: a graph holds its pool until it is
+    # collected, and a capture naming a pool whose graphs are all gone fails the allocator's
+    # internal assert (CUDACachingAllocator's beginAllocateToPool: use_count > 0).
+    uses: dict[int, int] = {}
+
     class Graph:
         def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
             calls.log.append(("begin", (pool, capture_error_mode)))
+            if uses.get(id(pool)) == 0:
+                raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED")
+            uses[id(pool)] = uses.get(id(pool), 0) + 1
+            self.pool = pool
+
+        def __del__(self) -> None:
+            if hasattr(self, "pool"):
+                uses[id(self.pool)] -= 1
 
         def capture_end(self) -> None:
             calls.log.append(("end", None))
@@ -64,6 +77,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> _Calls:
         torch._C, "_cuda_endAllocateToPool", lambda d, p: calls.log.append(("undo", d)), raising=False
     )
     monkeypatch.setattr(graphs, "_POOLS", {})
+    monkeypatch.setattr(graphs, "_LIVE", {})
     monkeypatch.setattr(graphs, "_STREAMS", {})
     monkeypatch.setattr(graphs, "_GRAPHS_OFF", {})
     monkeypatch.delenv("MXFP8_VERIFY_CUDA_GRAPH", raising=False)
@@ -87,12 +101,28 @@ def test_a_capture_returns_the_graph_and_what_was_recorded(cuda: _Calls) -> None
 
 
 def test_every_capture_on_a_device_shares_one_stream_and_one_pool(cuda: _Calls) -> None:
-    graphs.capture(lambda: None)
-    graphs.capture(lambda: None)
+    kept = [graphs.capture(lambda: None), graphs.capture(lambda: None)]  # noqa: F841 - alive
     pools = [args[0] for name, args in cuda.log if name == "begin"]
     streams = {args[0] for name, args in cuda.log if name == "wait" and args[0] != "caller"}
     assert len(pools) == 2 and pools[0] is pools[1] and pools[0] is not None
     assert streams == {"side1"}
+
+
+def test_a_capture_after_every_graph_of_the_pool_is_gone_takes_a_new_pool(cuda: _Calls) -> None:
+    """Dropped plans (a new layout, another job in the process) free their graphs; the pool they
+    shared is then spent, and naming it again failed every later capture with the allocator's
+    internal assert (measured on an H200: every plan eager after the first was dropped)."""
+    import gc
+
+    first, _ = graphs.capture(lambda: None)
+    del first
+    gc.collect()
+    second, out = graphs.capture(lambda: "verdicts")  # raised Uncapturable with the spent pool
+    assert out == "verdicts" and graphs.refusal(["a write path"]) == ""
+    pools = [args[0] for name, args in cuda.log if name == "begin"]
+    assert len(pools) == 2 and pools[0] is not pools[1]
+    third, _ = graphs.capture(lambda: None)  # while ``second`` lives, its pool is shared
+    assert [args[0] for name, args in cuda.log if name == "begin"][-1] is pools[1]
 
 
 def test_a_failed_capture_is_undone_and_turns_captures_off_for_its_write_paths(cuda: _Calls) -> None:
