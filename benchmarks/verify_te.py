@@ -99,6 +99,8 @@ def _measure(job: Any, key: str, sample: float) -> dict[str, Any]:
     res[f"{key}_later_median_s"] = statistics.median(later)
     res[f"{key}_later_max_s"] = max(later)
     res[f"{key}_s"] = timeit(check)
+    if os.environ.get("VERIFY_PROFILE") == key:  # where a steady call's time goes (rank 0 prints)
+        _profile(check)
     res[f"{key}_ok"] = bool(report.ok and not report.unchecked)
     res[f"{key}_ok_steady"] = bool(check().ok)
     res[f"{key}_paths"] = report.reference_paths
@@ -116,6 +118,26 @@ def _measure(job: Any, key: str, sample: float) -> dict[str, Any]:
     res[f"{key}_warm_s"] = timed(check) + timed(check)
     res[f"{key}_after_warm_max_s"] = max(timed(check) for _ in range(stride))
     return res
+
+
+def _profile(check: Any, calls: int = 20) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    prof = cProfile.Profile()
+    sync()
+    prof.enable()
+    for _ in range(calls):
+        check()
+    sync()
+    prof.disable()
+    if torch.distributed.get_rank() == 0:
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+        print(f"profile of {calls} steady calls:\n{out.getvalue()}", flush=True)
 
 
 def measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
