@@ -238,17 +238,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     series = [
         ("sampled 1/16, first call", "s16_first_x"),
         ("sampled 1/16, calls 2.. (max)", "s16_later_max_x"),
+        ("sampled 1/16, evals after the warm-up (max)", "s16_after_warm_max_x"),
         ("sampled 1/16, steady", "s16_steady_x"),
         ("sampled 1/64, steady", "s64_steady_x"),
         ("full, first call", "full_first_x"),
         ("full, calls 2.. (max)", "full_later_max_x"),
+        ("full, evals after the warm-up (max)", "full_after_warm_max_x"),
         ("full, steady", "full_steady_x"),
     ]
     fig, ax = plt.subplots(figsize=(12, 4.8))
     labels = [f"{r['size']} {r['core']}\n{r['path']}" for r in rows]
-    width = 0.11
+    width = 0.09
     for i, (name, key) in enumerate(series):
-        xs = [x + (i - 3) * width for x in range(len(rows))]
+        xs = [x + (i - 4) * width for x in range(len(rows))]
         ax.bar(xs, [r[key] for r in rows], width, label=name)
     for y in (TARGETS["sampled_later"], 1.0):
         ax.axhline(y, color="k", ls="--", lw=0.8)
