@@ -99,8 +99,8 @@ def _measure(job: Any, key: str, sample: float) -> dict[str, Any]:
     res[f"{key}_later_median_s"] = statistics.median(later)
     res[f"{key}_later_max_s"] = max(later)
     res[f"{key}_s"] = timeit(check)
-    if os.environ.get("VERIFY_PROFILE") == key:  # where a steady call's time goes (rank 0 prints)
-        _profile(check)
+    if key in os.environ.get("VERIFY_PROFILE", "").split(","):  # where a steady call's time goes
+        _profile(check, key)
     res[f"{key}_ok"] = bool(report.ok and not report.unchecked)
     res[f"{key}_ok_steady"] = bool(check().ok)
     res[f"{key}_paths"] = report.reference_paths
@@ -120,7 +120,8 @@ def _measure(job: Any, key: str, sample: float) -> dict[str, Any]:
     return res
 
 
-def _profile(check: Any, calls: int = 20) -> None:
+def _profile(check: Any, key: str, calls: int = 20) -> None:
+    """Rank 0 prints the host profile of ``calls`` steady calls and, on a GPU, their kernels."""
     import cProfile
     import io
     import pstats
@@ -134,10 +135,19 @@ def _profile(check: Any, calls: int = 20) -> None:
         check()
     sync()
     prof.disable()
+    kernels = ""
+    if torch.cuda.is_available():
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as gpu:
+            for _ in range(calls):
+                check()
+            sync()
+        kernels = gpu.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     if torch.distributed.get_rank() == 0:
         out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
-        print(f"profile of {calls} steady calls:\n{out.getvalue()}", flush=True)
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
+        print(f"profile of {calls} steady calls of {key}:\n{out.getvalue()}\n{kernels}", flush=True)
 
 
 def measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
