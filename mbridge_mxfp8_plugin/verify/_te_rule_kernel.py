@@ -9,6 +9,10 @@ done on the bits with integer arithmetic, not by the hardware's conversion instr
 result is then the same on every GPU and in Triton's CPU interpreter (where the tests run it),
 whose own bf16 and FP8 conversions do not round as torch does. The interpreter is chosen by
 ``TRITON_INTERPRET=1`` before Triton is first imported (Triton patches its language then).
+
+``kernel`` compares one param's blocks per launch; ``items_kernel`` a whole batch's, its items'
+addresses and geometry read from tables (``fused.Launch``), because per-param launches were most
+of a sampled check's GPU time. Both run the same ``_differing``, so they cannot disagree on a rule.
 """
 
 from __future__ import annotations
@@ -42,25 +46,87 @@ def _te_cast_compare(
 ):
     # The divisors as constants let the compiler prove 16-byte alignment of a block's elements
     # (vector loads) without specializing on every integer's value.
-    base = base_q * BASE_DIV
-    last = last_q * LAST_DIV
+    bad = _differing(
+        main_ptr + base_q * BASE_DIV, codes_ptr, scales_ptr, phase_ptr, tl.program_id(0), start, lo, count,
+        n, mod, step, last_q * LAST_DIV, per_row, scale_cols, rcp, ROUND_BF16, BLOCKS, LAST_DIV == 32,
+    )  # fmt: skip
+    tl.atomic_add(flag_ptr + flag, bad)
+
+
+def _te_cast_compare_items(
+    main_ptr,
+    codes_ptr,
+    scales_ptr,
+    flag_ptr,
+    flag,
+    phase_ptr,
+    items_ptr,
+    programs_ptr,
+    rcp,
+    ROUND_BF16: tl.constexpr,  # noqa: N803
+    BLOCKS: tl.constexpr,  # noqa: N803
+    OFF_DIV: tl.constexpr,  # noqa: N803 - main and codes offsets are stored divided by it
+    LAST_DIV: tl.constexpr,  # noqa: N803
+):
+    # A batch's items in one launch: program p compares chunk ``p - first`` of item
+    # ``programs[p]``, whose row of ``items`` (``fused.ITEM_FIELDS``) holds its offsets from the
+    # first item's tensors (main and codes in elements, scales in bytes) and its geometry.
+    p = tl.program_id(0)
+    row = items_ptr + tl.load(programs_ptr + p).to(tl.int64) * 13
+    main = main_ptr + tl.load(row) * OFF_DIV
+    codes = codes_ptr + tl.load(row + 1) * OFF_DIV
+    scales = scales_ptr + tl.load(row + 2)
+    chunk = p - tl.load(row + 3)
+    start, lo, count = tl.load(row + 4), tl.load(row + 5), tl.load(row + 6)
+    n, mod, step = tl.load(row + 7), tl.load(row + 8), tl.load(row + 9)
+    last, per_row, scale_cols = tl.load(row + 10) * LAST_DIV, tl.load(row + 11), tl.load(row + 12)
+    bad = _differing(
+        main, codes, scales, phase_ptr, chunk, start, lo, count, n, mod, step, last, per_row, scale_cols,
+        rcp, ROUND_BF16, BLOCKS, LAST_DIV == 32,
+    )  # fmt: skip
+    tl.atomic_add(flag_ptr + flag, bad)
+
+
+@triton.jit
+def _differing(
+    main_ptr,
+    codes_ptr,
+    scales_ptr,
+    phase_ptr,
+    chunk,
+    start,
+    lo,
+    count,
+    n,
+    mod,
+    step,
+    last,
+    per_row,
+    scale_cols,
+    rcp,
+    ROUND_BF16: tl.constexpr,  # noqa: N803
+    BLOCKS: tl.constexpr,  # noqa: N803
+    WHOLE: tl.constexpr,  # noqa: N803 - every row is whole blocks
+):
+    # Differing bytes of chunk ``chunk`` (BLOCKS sampled blocks) of one param: element ``i`` of
+    # the param at ``main_ptr[i]``, its codes at ``codes_ptr[i]``.
     # The sampled phase is data: the first block of the slice's ``n`` is the phase modulo
     # ``mod``; indices past that phase's last block (at most the slice's last one) are masked.
     first = tl.load(phase_ptr) % mod
-    b = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    b = chunk * BLOCKS + tl.arange(0, BLOCKS)
     i = lo + b.to(tl.int64)
     live = (b < count) & (i < (n - first + step - 1) // step)
     g = start + first + i * step  # global block id: row * per_row + column
     lane = tl.arange(0, 32)
     row = g // per_row
     col = g - row * per_row
-    if LAST_DIV == 32:  # whole-block rows: block g holds elements 32 g .. 32 g + 31
+    if WHOLE:  # whole-block rows: block g holds elements 32 g .. 32 g + 31
         inside = live[:, None] & (lane < 32)[None, :]
         at = (g * 32)[:, None] + lane[None, :]
     else:  # a row's last block is short: its missing lanes read as zeros
         inside = live[:, None] & ((col * 32)[:, None] + lane[None, :] < last)
         at = (row * last + col * 32)[:, None] + lane[None, :]
-    x = tl.load(main_ptr + base + at, mask=inside, other=0.0).to(tl.float32)
+    x = tl.load(main_ptr + at, mask=inside, other=0.0).to(tl.float32)
     xi = x.to(tl.int32, bitcast=True)
     nan = (xi & 0x7FFFFFFF) > 0x7F800000
     if ROUND_BF16:  # to nearest even on the bits (NaN kept as it is)
@@ -93,7 +159,7 @@ def _te_cast_compare(
     bad = tl.sum((inside & (code != got) & ~both_nan).to(tl.int32), axis=1)
     s = tl.load(scales_ptr + row * scale_cols + col, mask=live, other=0).to(tl.int32)
     bad += (live & (s != e)).to(tl.int32)
-    tl.atomic_add(flag_ptr + flag, tl.sum(bad, axis=0))
+    return tl.sum(bad, axis=0)
 
 
 #: Not specialized on the integers: Triton would compile a kernel per combination of values it
@@ -115,3 +181,6 @@ kernel = triton.jit(
         "scale_cols",
     ],
 )
+
+#: One launch per batch (the items' geometry is data): nothing to specialize.
+items_kernel = triton.jit(_te_cast_compare_items, do_not_specialize=["flag"])

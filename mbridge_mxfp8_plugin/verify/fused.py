@@ -5,7 +5,9 @@ into a bf16 buffer, written into a small instance of the type, and its bytes com
 param's. That moves about 11 bytes per element through memory and costs ~8 kernels per batch; a
 full check then costs about as much as an eval transition. One kernel that reads the main shard
 and the param's codes and scales once (5 bytes per element, nothing allocated) does it at the
-memory floor, but it applies *a* rule, TE's, not the type's.
+memory floor, but it applies *a* rule, TE's, not the type's. A batch is one launch
+(``Launch``: its items' addresses and geometry are tables made at plan time), not one per param:
+at a sampled check the launches, not the data, were what the GPU time went to.
 
 So it is used for a batch key only after it has agreed with the type's own write, byte for byte,
 on the key's probe rows (the first real blocks, written by the type at plan time) and on crafted
@@ -24,13 +26,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .read import BLOCK, Blocks, Reader
 
-__all__ = ["available", "compare", "crafted_rows", "differing_bytes"]
+__all__ = ["ITEM_FIELDS", "Launch", "available", "compare", "crafted_rows", "differing_bytes", "launch"]
 
 _MAX_NORM_RCP = torch.tensor(1.0 / 448.0, dtype=torch.float32).item()
 _BLOCKS_PER_PROGRAM = 64
@@ -85,6 +89,83 @@ def compare(
         reader.scale_cols, _MAX_NORM_RCP,
         ROUND_BF16=round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, BASE_DIV=base_div, LAST_DIV=last_div,
     )  # fmt: skip
+
+
+#: A row of a batch's item table, in the order the kernel reads it (``_te_cast_compare_items``):
+#: offsets from the first item's main shard and codes (elements, divided by the launch's
+#: ``off_div``) and scales (bytes), the item's first program, then its ``Blocks.kernel_args``,
+#: ``last`` (divided by ``last_div``), ``per_row`` and the scales' row length.
+ITEM_FIELDS = ("main", "codes", "scales", "program", "start", "lo", "count", "n", "mod", "step", "last",
+               "per_row", "scale_cols")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A batch's compares as one launch. Launched per item, a sampled check of a 1B model was
+    ~60 launches whose fixed cost was most of its GPU time (its data is ~75 us at HBM
+    bandwidth). The items' addresses and geometry are data here, in tables made at plan time
+    (a capture cannot make them: it would record their copy, not their values), valid for as
+    long as the plan's tensors keep their addresses, which is as long as a plan is kept."""
+
+    main: torch.Tensor  # the first item's: every address is an offset from these
+    codes: torch.Tensor
+    scales: torch.Tensor
+    items: torch.Tensor  # int64, (items, len(ITEM_FIELDS))
+    programs: torch.Tensor  # int32, the item each program compares a chunk of
+    off_div: int
+    last_div: int
+    round_bf16: bool
+
+    def __call__(self, flags: torch.Tensor, flag: int, phase: torch.Tensor) -> None:
+        """Add the batch's differing bytes to ``flags[flag]``, at the phase ``phase`` holds. No
+        allocation, no host sync: capturable."""
+        from ._te_rule_kernel import items_kernel
+
+        items_kernel[(self.programs.numel(),)](
+            self.main, self.codes, self.scales, flags, flag, phase, self.items, self.programs, _MAX_NORM_RCP,
+            ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, OFF_DIV=self.off_div,
+            LAST_DIV=self.last_div,
+        )  # fmt: skip
+
+
+def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
+    """One launch for a batch's ``items`` (``batches.Item``: main shard, shard start, reader,
+    blocks), or None where they cannot share one: main shards of two dtypes or devices, or an
+    address that is no whole element away from the first item's (then a launch per item)."""
+    first = items[0]
+    assert first.reader.scales is not None
+    tensors = (first.main, first.reader.flat, first.reader.scales)
+    rows: list[list[int]] = []
+    programs: list[int] = []
+    for it in items:
+        own = (it.main, it.reader.flat, it.reader.scales)
+        found = [_offset(t, base) for t, base in zip(own, tensors, strict=True)]
+        offsets = [o for o in found if o is not None]
+        if len(offsets) < len(found):
+            return None
+        start, lo, count, n, mod, step = it.blocks.kernel_args()
+        rows.append([offsets[0] - it.start, *offsets[1:], len(programs), start, lo, count, n, mod, step,
+                     it.blocks.last, it.blocks.per_row, it.reader.scale_cols])  # fmt: skip
+        programs += [len(rows) - 1] * -(-count // _BLOCKS_PER_PROGRAM)
+    if not programs:
+        return None
+    table = torch.tensor(rows, dtype=torch.int64)
+    off_div = 16 if bool((table[:, :2] % 16 == 0).all()) else 1
+    last_div = BLOCK if bool((table[:, 10] % BLOCK == 0).all()) else 1
+    table[:, :2] //= off_div
+    table[:, 10] //= last_div
+    device = first.main.device
+    programs_t = torch.tensor(programs, dtype=torch.int32, device=device)
+    return Launch(*tensors, table.to(device), programs_t, off_div, last_div, round_bf16)
+
+
+def _offset(tensor: torch.Tensor, base: torch.Tensor) -> int | None:
+    """Elements from ``base``'s first to ``tensor``'s first, where that is a whole number."""
+    if tensor.dtype != base.dtype or tensor.device != base.device:
+        return None
+    step = tensor.element_size()
+    diff = tensor.data_ptr() - base.data_ptr()
+    return diff // step if diff % step == 0 else None
 
 
 def differing_bytes(rows: torch.Tensor, reader: Reader, round_bf16: bool) -> int:

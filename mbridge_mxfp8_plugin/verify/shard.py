@@ -70,6 +70,7 @@ class ShardCheck:
         self.written = probed.written  # a fused key's blocks per write of the type (attribution)
         self._flags: torch.Tensor | None = None  # per call: differing bytes per fused batch
         self._flag_of: dict[int, int] = {}
+        self._launches: dict[int, fused.Launch | None] = {}  # fused batch -> its one launch
         self.verdicts: list[tuple[Batch, torch.Tensor]] = []
         self.planned: list[Batch] = []  # sealed batches, in the order they are compared
         self.reusable = True  # False once a compare was refused (the plan is not kept)
@@ -140,15 +141,27 @@ class ShardCheck:
             self.planned.append(batch)
 
     def _flush_fused(self, batch: Batch) -> None:
-        """One kernel launch per item: TE's cast of the main blocks against the param's bytes.
-        A batch it finds differing is judged again by the type's own write (``_attribute``)."""
+        """TE's cast of the main blocks against the param's bytes: one launch for the batch
+        (``fused.Launch``), or one per item where its items cannot share one. A batch it finds
+        differing is judged again by the type's own write (``_attribute``)."""
         slot = self._flag_of[id(batch)]
         flags, rounding = self._flags, batch.round_to is not None
         assert flags is not None
         phase = self.phase.tensor(batch.items[0].main.device)
-        for it in batch.items:
-            fused.compare(it.main, -it.start, it.reader, it.blocks, rounding, flags, slot, phase)
+        one = self._launches.get(id(batch))
+        if one is not None:
+            one(flags, slot, phase)
+        else:
+            for it in batch.items:
+                fused.compare(it.main, -it.start, it.reader, it.blocks, rounding, flags, slot, phase)
         self.verdicts.append((batch, flags[slot]))
+
+    def _plan_launches(self) -> None:
+        """The fused batches' item tables, made once per plan before any run (never in a
+        capture, which would record their copies to the device, not their values)."""
+        for batch in self.planned:
+            if batch.key in self.fused and id(batch) not in self._launches:
+                self._launches[id(batch)] = fused.launch(batch.items, batch.round_to is not None)
 
     def _new_flags(self) -> None:
         """Zeroed counters for this call's fused batches (inside a capture: in the graph's pool)."""
@@ -292,6 +305,7 @@ class ShardCheck:
         the report."""
         for key in list(self.batches):
             self._seal(key)
+        self._plan_launches()
         if self.graph is not None:
             self.graph.replay()
             self.verdicts = list(self.graph_verdicts)

@@ -10,6 +10,7 @@ scale, a unit-scale stand-in) as differing, which is what keeps those types on t
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -181,3 +182,126 @@ def _count_at(main: torch.Tensor, base: int, reader: Reader, blocks: Blocks, pha
     flags = torch.zeros(1, dtype=torch.int32)
     fused.compare(main, base, reader, blocks, True, flags, 0, phase)
     return int(flags[0])
+
+
+class _Launches:
+    """Counts a Triton kernel's launches (each is the kernel indexed by its grid)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid: Any) -> Any:
+        self.count += 1
+        return self.kernel[grid]
+
+
+def _batch_items(stride: int, phase: Any) -> tuple[list[Any], list[torch.Tensor]]:
+    """A fused batch's items: params of whole-block, ragged (45, 96) and short rows, shards from
+    a row's start, mid-row and mid-block, two of them views of one buffer at an odd element
+    offset, the first split in two parts (as ``pack`` splits a param across batches)."""
+    from mbridge_mxfp8_plugin.verify.batches import Item
+    from mbridge_mxfp8_plugin.verify.sampling import sampled_mxfp8
+
+    shapes = ((12, 256, 256 + 64), (20, 45, 2 * 45 + 7), (14, 96, 96 + 40), (9, 64, 0))
+    shared = torch.zeros(3 + sum(r * last for r, last, _ in shapes[:2]))
+    at, items, codes = 3, [], []
+    for slot, (rows, last, s) in enumerate(shapes):
+        param = _wide(rows, last, seed=slot + 11)
+        reader, code, _ = _te_reader(param.to(torch.bfloat16))
+        codes.append(code)
+        tail = param.reshape(-1)[s:]
+        if slot < 2:  # shares the buffer with another item's shard
+            main = shared[at : at + tail.numel()]
+            main.copy_(tail)
+            at += tail.numel()
+        else:
+            main = tail.clone()
+        blocks, _ = sampled_mxfp8(param, s, param.numel(), phase)
+        half = blocks.count // 2
+        parts = [blocks.part(0, half), blocks.part(half, blocks.count - half)]
+        for part in parts if slot == 0 else [blocks]:
+            items.append(Item(slot, reader, main, s, part, mxfp8_codes=True))
+    return items, codes
+
+
+@pytest.mark.parametrize("rounding", [True, False])
+def test_a_batch_is_one_launch_with_the_verdicts_of_a_launch_per_item(
+    monkeypatch: pytest.MonkeyPatch, rounding: bool
+) -> None:
+    """Issue 32: a batch's items (other shapes, ragged rows, other shard starts and tensors) are
+    compared by one launch whose count at every phase is what one launch per item adds up to;
+    a code byte changed in one block of the third item is found at that block's phases only."""
+    from mbridge_mxfp8_plugin.verify import _te_rule_kernel
+    from mbridge_mxfp8_plugin.verify.sampling import Phase, mxfp8_blocks
+
+    stride = 4
+    phase = Phase(stride)
+    items, codes = _batch_items(stride, phase)
+    phase.reserve(torch.device("cpu"), max(it.blocks.count for it in items))
+    tensor = phase.tensor(torch.device("cpu"))
+    one = fused.launch(items, rounding)
+    assert one is not None and one.off_div == 1 and one.last_div == 1
+    assert one.items.shape == (len(items), len(fused.ITEM_FIELDS)) == (5, 13)  # 13: what the kernel reads
+    third = items[3]  # the third param (the first is two items)
+
+    def sampled(offset: int) -> set[int]:  # the third param's sampled block ids at a phase
+        blocks, _ = mxfp8_blocks(torch.empty(14, 96), third.start, 14 * 96, offset, stride)
+        return set(range(blocks.start, blocks.start + blocks.count * stride, stride))
+
+    g = sorted(sampled(2))[3]
+    assert [g in sampled(o) for o in range(stride)] == [False, False, True, False]
+    codes[2][(g // 3) * 96 + (g % 3) * BLOCK + 5] ^= 0x08  # rows of 96: 3 blocks a row
+    items_kernel = _Launches(_te_rule_kernel.items_kernel)
+    per_item = _Launches(_te_rule_kernel.kernel)
+    monkeypatch.setattr(_te_rule_kernel, "items_kernel", items_kernel)
+    monkeypatch.setattr(_te_rule_kernel, "kernel", per_item)
+    for offset in range(stride):
+        phase.set(offset)
+        flags = torch.zeros(3, dtype=torch.int32)
+        one(flags, 1, tensor)
+        assert flags[0] == 0 and flags[2] == 0  # only its own counter is written
+        each = torch.zeros(1, dtype=torch.int32)
+        for it in items:
+            fused.compare(it.main, -it.start, it.reader, it.blocks, rounding, each, 0, tensor)
+        assert int(flags[1]) == int(each[0]), offset
+        if rounding:  # what TE's rule wrote: only the changed byte differs, at its phase
+            assert int(flags[1]) == (offset == 2), offset
+    assert items_kernel.count == stride  # one launch per batch and phase ...
+    assert per_item.count == stride * len(items)  # ... where a launch per item made five
+
+
+def test_a_batch_of_whole_block_rows_keeps_its_alignment_hints() -> None:
+    """Where every row is whole blocks and every offset a multiple of 16 elements, the launch
+    reads blocks as the per-item kernel does (vector loads): the counts stay those of per item."""
+    from mbridge_mxfp8_plugin.verify.batches import Item
+
+    items = []
+    for slot, rows in enumerate((8, 5, 3)):
+        param = _wide(rows, 128, seed=slot)
+        reader, codes, scales = _te_reader(param.to(torch.bfloat16))
+        codes[128 + slot * 37] ^= 0x02  # past the first row, which the shard does not hold
+        scales[4 + slot] += slot  # the first param's is unchanged
+        blocks = Blocks(last=128, start=4, count=rows * 4 - 4, step=1)
+        items.append(Item(slot, reader, param.reshape(-1)[128:].clone(), 128, blocks, mxfp8_codes=True))
+    one = fused.launch(items, True)
+    assert one is not None and (one.off_div, one.last_div) == (16, BLOCK)
+    flags = torch.zeros(1, dtype=torch.int32)
+    one(flags, 0, torch.zeros((), dtype=torch.int64))
+    assert int(flags[0]) == 3 + 2
+
+
+def test_items_that_cannot_share_a_launch_get_none() -> None:
+    """Main shards of two dtypes have no whole-element offset between them: the shard check then
+    launches per item (``ShardCheck._flush_fused``)."""
+    from dataclasses import replace
+
+    items, _ = _batch_items(4, _phase(4))
+    assert fused.launch(items, True) is not None
+    items[-1] = replace(items[-1], main=items[-1].main.to(torch.bfloat16))
+    assert fused.launch(items, True) is None
+
+
+def _phase(stride: int) -> Any:
+    from mbridge_mxfp8_plugin.verify.sampling import Phase
+
+    return Phase(stride)

@@ -223,6 +223,7 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
     check.add("plain", plain, Reader(plain), Owned(plain_main, 0, plain.numel(), torch.bfloat16), mxfp8=False)
     check.finish(max_names=5)  # the first call: eager
     assert not made
+    launches = _count_launches(monkeypatch)
     _, wide, _ = params[0]
     wide._rowwise_scale_inv[5, 3] += 1  # global block 43: sampled at phase 43 % 16 == 11 only
     found = []
@@ -248,3 +249,26 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
         found += [(offset, m.name) for m in report.shard_mismatches]
     assert found == [(5, "plain"), (11, "wide")], found
     assert len(made) == 1 and made[0].replays == 3 * stride  # one graph, replayed by every later call
+    if fused_on == "1":  # the TE-shaped params (one batch) are one launch per call, not one each
+        assert [b.key in check.fused for b in check.planned] == [True, False]
+        assert len(check.planned[0].items) == 2
+        assert launches == {"items_kernel": 1 + 3 * stride, "kernel": 0}, launches  # recorded, replayed
+
+
+def _count_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Launches of the fused kernels from now on, by name (a launch indexes the kernel by its grid)."""
+    from mbridge_mxfp8_plugin.verify import _te_rule_kernel
+
+    counts = {"items_kernel": 0, "kernel": 0}
+
+    class Counted:
+        def __init__(self, name: str) -> None:
+            self.name, self.kernel = name, getattr(_te_rule_kernel, name)
+
+        def __getitem__(self, grid: Any) -> Any:
+            counts[self.name] += 1
+            return self.kernel[grid]
+
+    for name in counts:
+        monkeypatch.setattr(_te_rule_kernel, name, Counted(name))
+    return counts
