@@ -240,9 +240,12 @@ class ShardCheck:
             for it in batch.items:  # its type was refused by an earlier batch of this call
                 self.slots[it.slot].unchecked = self.refused[batch.key]
 
-    def _capturable(self) -> bool:
-        """A plan's second run on a CUDA device, with every compare of the first one done."""
-        if self.graph is not None or self.no_graph or self.runs < 1 or not self.reusable:
+    def _capturable(self, ran_eagerly: bool = False) -> bool:
+        """On a CUDA device, once the plan's first run has done every compare eagerly (which
+        settles what each batch key may do): right after it, so the second call replays."""
+        if self.graph is not None or self.no_graph or not self.reusable:
+            return False
+        if self.runs < 1 and not ran_eagerly:
             return False
         if not self.planned or not graphs.on_cuda(self.planned[0].items[0].main):
             return False
@@ -259,8 +262,9 @@ class ShardCheck:
         quantized = frozenset(k for k in keys if k[0] or k[4] is not type(None))
         return quantized or keys
 
-    def _capture(self) -> None:
-        """Capture every compare of the plan as one CUDA graph and replay it.
+    def _capture(self, replay: bool = True) -> None:
+        """Capture every compare of the plan as one CUDA graph and replay it (``replay=False``:
+        right after the first, eager run, whose verdicts stand for this call).
 
         A reused plan reads the same tensors at the same addresses (``verify_weights`` keeps it
         only while they are unchanged), so its kernels can be replayed instead of launched one by
@@ -292,12 +296,14 @@ class ShardCheck:
             self.verdicts = []
             for reference in self.references.values():
                 reference.release()
-            self._run_eager()
+            if replay:
+                self._run_eager()
             return
         self.graph = graph
         self.graph_verdicts = [(batch, stacked[i]) for i, (batch, _) in enumerate(self.verdicts)]
-        graph.replay()
-        self.verdicts = list(self.graph_verdicts)
+        if replay:
+            graph.replay()
+            self.verdicts = list(self.graph_verdicts)
 
     def finish(self, max_names: int) -> None:
         """Flush what is left, read every batch's verdict in one transfer, attribute the
@@ -313,6 +319,10 @@ class ShardCheck:
             self._capture()
         else:
             self._run_eager()
+            if self._capturable(ran_eagerly=True):  # recorded now, the job's second call replays
+                eager = self.verdicts
+                self._capture(replay=False)
+                self.verdicts = eager
         self.runs += 1
         for reference in self.references.values():
             reference.release()
