@@ -275,34 +275,26 @@ class Session:
         )
 
     def prepare_verify(self) -> None:
-        """Train start: make the weight check's costly first calls here, not at the first eval.
+        """Train start: make the weight check's costly first call here, not at the first eval.
 
         A job's first check builds the plan (the walk, each type's probe, the fused kernel's
-        compile) and its second captures the plan as a CUDA graph: each costs several steady
-        checks, and at an eval they stall every rank. Made here, every later check is a replay.
-        These are real checks of the weights as initialised or loaded, but no loop promises
-        current weights at train start, so a verdict that is not ok is logged, never raised (the
-        checks at eval, save and load judge). Every rank calls it at the same point: each call
-        joins the check's all-reduce."""
+        compile), runs it eagerly and records it as a CUDA graph: several steady checks' worth,
+        which at an eval would stall every rank. Made here, every later check is a replay. It is a
+        real check of the weights as initialised or loaded, but no loop promises current weights
+        at train start, so a verdict that is not ok is logged, never raised (the checks at eval,
+        save and load judge). Every rank calls it at the same point: it joins the check's
+        all-reduce."""
         if not self.options.verify_weights or self.owner is not None:
             return
-        times: list[float] = []
-        report = None
-        for _ in range(2):
-            t0 = time.perf_counter()
-            report = self._check(f"train start, warm-up ({self.framework})")
-            if report is None:
-                return
-            times.append(time.perf_counter() - t0)
-        assert report is not None
+        t0 = time.perf_counter()
+        report = self._check(f"train start, warm-up ({self.framework})")
+        if report is None:
+            return
         log_rank_zero(
             logging.INFO,
-            "MXFP8 weight check prepared at train start in %.2f s (first call %.2f s: its plan, probes "
-            "and kernel compile; second %.2f s: its CUDA-graph capture where there is a GPU); the checks "
-            "at evals and saves reuse them",
-            sum(times),
-            times[0],
-            times[1],
+            "MXFP8 weight check prepared at train start in %.2f s (its plan, probes, kernel compile "
+            "and, on a GPU, CUDA-graph recording); the checks at evals and saves replay it",
+            time.perf_counter() - t0,
         )
         self._warn_unreadable_types(report)  # NOT CHECKED is said there, once per type
         if not report.ok and report.verdict != "not checked":
