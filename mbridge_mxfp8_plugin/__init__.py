@@ -17,8 +17,9 @@ a hand-written loop, ``commands`` are the CLI. The few modules at this level are
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .common.lazy import lazy_names
 
 __all__ = [
     "AlignmentReport",
@@ -80,14 +81,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .verify import WeightReport, verify_weights
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, __all__)

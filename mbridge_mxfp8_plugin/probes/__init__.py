@@ -12,8 +12,9 @@ sets). Nothing here imports torch or megatron-core at import time.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..common.lazy import lazy_names
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ._source import module_file
@@ -44,19 +45,6 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
-
-
 __all__ = [
     "BridgeLoopBehaviour",
     "CoreBehaviour",
@@ -74,3 +62,5 @@ __all__ = [
     "probe_hazard_files",
     "probe_live_loop",
 ]
+
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, __all__)
