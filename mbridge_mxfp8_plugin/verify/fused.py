@@ -17,6 +17,11 @@ fails that and keeps its own write path. A batch the kernel finds differing is j
 through the type's own write (the attribution path), so the kernel can never name a param
 ``WRONG`` by itself; it only answers "equal" quickly.
 
+Plain params (values, not codes) get the same treatment (``ValuesLaunch``): one launch per batch
+compares every item's sampled runs with the main shard's, rounded as the gather delivers them and
+cast to the param's dtype, and counts the differing elements, where per param a captured check
+made two gathers, a cat and a compare. A flagged batch is attributed on the old path.
+
 On CPU (and where Triton is missing) nothing changes. ``MXFP8_VERIFY_FUSED=0`` turns it off;
 with ``TRITON_INTERPRET=1`` set before Triton is imported it runs on CPU tensors in Triton's
 interpreter (the tests do that).
@@ -34,7 +39,18 @@ import torch
 
 from .read import BLOCK, Blocks, Reader
 
-__all__ = ["ITEM_FIELDS", "Launch", "available", "compare", "crafted_rows", "differing_bytes", "launch"]
+__all__ = [
+    "ITEM_FIELDS",
+    "VALUE_FIELDS",
+    "Launch",
+    "ValuesLaunch",
+    "available",
+    "compare",
+    "crafted_rows",
+    "differing_bytes",
+    "launch",
+    "values_launch",
+]
 
 _MAX_NORM_RCP = torch.tensor(1.0 / 448.0, dtype=torch.float32).item()
 _BLOCKS_PER_PROGRAM = 64
@@ -157,6 +173,83 @@ def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
     device = first.main.device
     programs_t = torch.tensor(programs, dtype=torch.int32, device=device)
     return Launch(*tensors, table.to(device), programs_t, off_div, last_div, round_bf16)
+
+
+#: A row of a values batch's item table (``_values_kernel``): offsets of the item's run 0 from the
+#: first item's param values and main shard (elements, divided by the launch's ``off_div``), its
+#: first program, its ``Blocks.kernel_args``, and its short tail run (``Item.tail``): offsets from
+#: the same two tensors and its length (0: none).
+VALUE_FIELDS = ("got", "main", "program", "start", "lo", "count", "n", "mod", "step", "tail_got", "tail_main",
+                "tail")  # fmt: skip
+#: How the kernel rounds the main shard's values (``_values_kernel.NONE, BF16, FP16``): a dtype
+#: not here (fp64, FP8) keeps the batch on the gathers.
+_ROUNDING = {None: 0, torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+@dataclass(frozen=True)
+class ValuesLaunch:
+    """A values batch's compares as one launch (``_values_kernel``): every item's sampled runs
+    and tail, the main rounded to ``round_to`` then cast to the param's dtype as ``batches.sides``
+    does, exactly or within ``atol``. Its tables are made at plan time, as ``Launch``'s are."""
+
+    got: torch.Tensor  # the first item's param values and main shard: offsets are from these
+    main: torch.Tensor
+    items: torch.Tensor  # int64, (items, len(VALUE_FIELDS))
+    programs: torch.Tensor  # int32, the item each program compares a chunk of
+    off_div: int
+    round_to: int
+    cast: int
+    atol: float
+
+    def __call__(self, flags: torch.Tensor, flag: int, phase: torch.Tensor) -> None:
+        """Add the batch's differing elements to ``flags[flag]``, at the phase ``phase`` holds.
+        No allocation, no host sync: capturable."""
+        from ._values_kernel import items_kernel
+
+        items_kernel[(self.programs.numel(),)](
+            self.got, self.main, flags, flag, phase, self.items, self.programs, self.atol,
+            ROUND=self.round_to, CAST=self.cast, ATOL=bool(self.atol), BLOCKS=_BLOCKS_PER_PROGRAM,
+            OFF_DIV=self.off_div, GOT_BF16=self.got.dtype == torch.bfloat16,
+            MAIN_BF16=self.main.dtype == torch.bfloat16,
+        )  # fmt: skip
+
+
+def values_launch(
+    items: Sequence[Any], round_to: torch.dtype | None, dtype: torch.dtype, atol: float
+) -> ValuesLaunch | None:
+    """One launch for a values batch's ``items`` (param dtype ``dtype``), or None where the
+    kernel does not read them: no kernel on their device, codes, a dtype it does not round, or
+    param values (or main shards) of two dtypes or devices."""
+    first = items[0]
+    got0, main0 = first.reader.flat, first.main
+    if dtype not in _ROUNDING or round_to not in _ROUNDING or main0.dtype not in _ROUNDING:
+        return None
+    if got0.dtype != dtype or got0.device != main0.device or not available(got0.device):
+        return None
+    rows: list[list[int]] = []
+    programs: list[int] = []
+    for it in items:
+        if it.reader.scales is not None or it.mxfp8_codes or not it.blocks.aligned:
+            return None
+        tail = it.tail[0].numel() if it.tail is not None else 0
+        found = [_offset(it.reader.flat, got0), _offset(it.main, main0)]
+        found += [_offset(it.tail[0], got0), _offset(it.tail[1], main0)] if it.tail is not None else [0, 0]
+        offsets = [o for o in found if o is not None]
+        if len(offsets) < len(found):
+            return None
+        got, main, tail_got, tail_main = offsets
+        origin = it.blocks.origin  # run g of the item: param elements origin + 32 g ..
+        rows.append([got + origin, main + origin - it.start, len(programs), *it.blocks.kernel_args(),
+                     tail_got, tail_main, tail])  # fmt: skip
+        programs += [len(rows) - 1] * max(-(-it.blocks.count // _BLOCKS_PER_PROGRAM), int(tail > 0))
+    if not programs:
+        return None
+    table = torch.tensor(rows, dtype=torch.int64)
+    off_div = 16 if bool((table[:, :2] % 16 == 0).all()) else 1
+    table[:, :2] //= off_div
+    programs_t = torch.tensor(programs, dtype=torch.int32, device=got0.device)
+    rounds = _ROUNDING[round_to], _ROUNDING[dtype]
+    return ValuesLaunch(got0, main0, table.to(got0.device), programs_t, off_div, *rounds, atol)
 
 
 def _offset(tensor: torch.Tensor, base: torch.Tensor) -> int | None:

@@ -70,7 +70,8 @@ class ShardCheck:
         self.written = probed.written  # a fused key's blocks per write of the type (attribution)
         self._flags: torch.Tensor | None = None  # per call: differing bytes per fused batch
         self._flag_of: dict[int, int] = {}
-        self._launches: dict[int, fused.Launch | None] = {}  # fused batch -> its one launch
+        # fused batch -> its one launch; values batch -> its one launch (None: the gathers)
+        self._launches: dict[int, fused.Launch | fused.ValuesLaunch | None] = {}
         self.verdicts: list[tuple[Batch, torch.Tensor]] = []
         self.planned: list[Batch] = []  # sealed batches, in the order they are compared
         self.reusable = True  # False once a compare was refused (the plan is not kept)
@@ -143,7 +144,8 @@ class ShardCheck:
     def _flush_fused(self, batch: Batch) -> None:
         """TE's cast of the main blocks against the param's bytes: one launch for the batch
         (``fused.Launch``), or one per item where its items cannot share one. A batch it finds
-        differing is judged again by the type's own write (``_attribute``)."""
+        differing is judged again by the type's own write (``_attribute``). A values batch with
+        a ``fused.ValuesLaunch`` is one launch too, attributed on the gathers."""
         slot = self._flag_of[id(batch)]
         flags, rounding = self._flags, batch.round_to is not None
         assert flags is not None
@@ -157,19 +159,28 @@ class ShardCheck:
         self.verdicts.append((batch, flags[slot]))
 
     def _plan_launches(self) -> None:
-        """The fused batches' item tables, made once per plan before any run (never in a
-        capture, which would record their copies to the device, not their values)."""
+        """The fused and values batches' item tables, made once per plan before any run (never
+        in a capture, which would record their copies to the device, not their values)."""
         for batch in self.planned:
-            if batch.key in self.fused and id(batch) not in self._launches:
+            if id(batch) in self._launches:
+                continue
+            if batch.key in self.fused:
                 self._launches[id(batch)] = fused.launch(batch.items, batch.round_to is not None)
+            elif not batch.mxfp8 and batch.key not in self.refused:
+                dtype = batch.param.dtype
+                self._launches[id(batch)] = fused.values_launch(batch.items, batch.round_to, dtype, self.atol)
 
     def _new_flags(self) -> None:
-        """Zeroed counters for this call's fused batches (inside a capture: in the graph's pool)."""
-        batches = [b for b in self.planned if b.key in self.fused and b.key not in self.refused]
+        """Zeroed counters for this call's fused and kernel-compared values batches (inside a
+        capture: in the graph's pool). A values batch on another device keeps its gathers."""
+        values = {id(b) for b in self.planned if isinstance(self._launches.get(id(b)), fused.ValuesLaunch)}
+        live = [b for b in self.planned if b.key not in self.refused]
+        batches = [b for b in live if b.key in self.fused or id(b) in values]
+        device = batches[0].items[0].main.device if batches else None
+        batches = [b for b in batches if b.key in self.fused or b.items[0].main.device == device]
         self._flag_of = {id(b): i for i, b in enumerate(batches)}
         self._flags = None
         if batches:
-            device = batches[0].items[0].main.device
             self._flags = torch.zeros(len(batches), dtype=torch.int32, device=device)
 
     def _flush_codes(self, batch: Batch) -> None:

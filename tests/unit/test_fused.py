@@ -305,3 +305,175 @@ def _phase(stride: int) -> Any:
     from mbridge_mxfp8_plugin.verify.sampling import Phase
 
     return Phase(stride)
+
+
+# ------------------------------------------- plain (values) params: one launch per batch too
+_VALUE_SHAPES = ((12, 256, 256 + 64), (20, 45, 2 * 45 + 7), (14, 96, 96 + 43), (9, 64, 5), (1, 50, 29))
+
+
+def _values_batch(stride: int, dtype: torch.dtype, round_to: Any) -> tuple[Any, Any, list[torch.Tensor]]:
+    """A values batch as the shard check plans it (``ShardCheck.add``, ``pack``): params of
+    whole-block and ragged rows (45, 96), shards starting mid-block, the first split in two parts
+    (its tail on the last), two main shards views of one buffer at an odd offset, the last shard
+    shorter than a run (its tail is all it compares); at stride 1 every shard has its tail. Each
+    param holds its main shard as the gather rounds it: nothing differs yet."""
+    from mbridge_mxfp8_plugin.verify.batches import Batch, Item
+    from mbridge_mxfp8_plugin.verify.sampling import Phase, sampled_runs
+
+    phase = Phase(stride)
+    shared = torch.zeros(3 + sum(r * last - s for r, last, s in _VALUE_SHAPES[:2]))
+    at, items, flats = 3, [], []
+    for slot, (rows, last, s) in enumerate(_VALUE_SHAPES):
+        full = _wide(rows, last, seed=slot + 5).clamp(-6e4, 6e4).reshape(-1)  # fp16's range
+        flat = (full.to(round_to) if round_to is not None else full).to(dtype)
+        flats.append(flat)
+        e = full.numel()
+        if slot < 2:
+            main = shared[at : at + e - s]
+            main.copy_(full[s:])
+            at += e - s
+        else:
+            main = full[s:].clone()
+        blocks, tail = sampled_runs(s, e, phase)
+        views = (flat[e - tail : e], main[e - s - tail : e - s]) if tail else None
+        half = blocks.count // 2
+        if slot == 0:
+            items.append(Item(slot, Reader(flat), main, s, blocks.part(0, half)))
+            blocks = blocks.part(half, blocks.count - half)
+        items.append(Item(slot, Reader(flat), main, s, blocks, views))
+    batch = Batch(("values",), flats[0], False, round_to, items, sum(it.blocks.count for it in items))
+    phase.reserve(torch.device("cpu"), max(it.blocks.count for it in items))
+    return batch, phase, flats
+
+
+def _today(batch: Any, value: int, atol: float) -> int:
+    """Differing elements at phase ``value`` as the gathers count them (``sides``, ``_count``)."""
+    from mbridge_mxfp8_plugin.verify.batches import at_phase, sides
+
+    part = at_phase(batch, value)
+    if not part.items:
+        return 0
+    got, want, _ = sides(part, {})
+    if atol:
+        return int((~((got.float() - want.float()).abs() <= atol)).sum())
+    return int((got != want).sum())  # NaN counts as a difference
+
+
+def _kernel(batch: Any, phase: Any, atol: float) -> int:
+    one = fused.values_launch(batch.items, batch.round_to, batch.param.dtype, atol)
+    assert one is not None and one.items.shape == (len(batch.items), len(fused.VALUE_FIELDS))
+    flags = torch.zeros(3, dtype=torch.int32)
+    one(flags, 1, phase.tensor(torch.device("cpu")))
+    assert flags[0] == 0 and flags[2] == 0  # only its own counter is written
+    return int(flags[1])
+
+
+_ROUNDINGS = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.bfloat16), (torch.float16, None),
+              (torch.bfloat16, torch.float16), (torch.float32, None)]  # fmt: skip
+
+
+@pytest.mark.parametrize("stride", [1, 4])
+@pytest.mark.parametrize(("dtype", "round_to"), _ROUNDINGS)
+def test_a_values_batch_is_one_launch_with_the_counts_of_the_gathers(
+    monkeypatch: pytest.MonkeyPatch, stride: int, dtype: torch.dtype, round_to: Any
+) -> None:
+    """Every run of every param changed in a few elements (tails too), a NaN and an infinity in
+    the main shards: the launch counts at every phase exactly the differing elements of the
+    phase's blocks that the gathers count, exactly and within an ``atol``; one launch per phase."""
+    from mbridge_mxfp8_plugin.verify import _values_kernel
+
+    batch, phase, flats = _values_batch(stride, dtype, round_to)
+    for slot, (flat, (_, _, s)) in enumerate(zip(flats, _VALUE_SHAPES, strict=True)):
+        j = torch.arange(flat.numel() - s)
+        changed = s + j[(j % 32) < (j // 32 + slot + 1) % 5]
+        flat[changed] = flat[changed] * 1.01 + (changed % 3).to(dtype) * 0.002
+    batch.items[2].main[7], batch.items[3].main[33] = float("nan"), float("inf")
+    launches = _Launches(_values_kernel.items_kernel)
+    monkeypatch.setattr(_values_kernel, "items_kernel", launches)
+    for offset in range(stride):
+        phase.set(offset)
+        for atol in (0.0, 0.01):
+            want = _today(batch, offset, atol)
+            assert want > 0 and _kernel(batch, phase, atol) == want, (offset, atol)
+    assert launches.count == 2 * stride
+
+
+@pytest.mark.parametrize(("dtype", "round_to"), _ROUNDINGS[:4])
+def test_a_changed_value_of_the_third_param_is_found_at_its_phase_only(
+    dtype: torch.dtype, round_to: Any
+) -> None:
+    """Nothing differs at any phase until one value of the third param changes, in a run sampled
+    at phase 2 only: counted then and only then; a NaN in the param where its main shard holds
+    a number (phase 3) is a difference too, within ``atol`` as well."""
+    stride = 4
+    batch, phase, flats = _values_batch(stride, dtype, round_to)
+    s = _VALUE_SHAPES[2][2]
+    counts = [0] * stride
+    for offset in range(stride):
+        phase.set(offset)
+        counts[offset] = _kernel(batch, phase, 0.0)
+    assert counts == [0] * stride
+    flats[2][s + (2 + 4 * 5) * 32 + 17] += 1.0  # run 22 of the shard: 22 % 4 == 2
+    flats[2][s + (3 + 4 * 7) * 32] = float("nan")  # run 31: phase 3
+    for atol in (0.0, 0.5):
+        for offset in range(stride):
+            phase.set(offset)
+            counts[offset] = _kernel(batch, phase, atol)
+            assert counts[offset] == _today(batch, offset, atol), (offset, atol)
+        assert counts == [0, 0, int(atol < 1.0), 1], atol
+
+
+def test_atol_is_compared_as_the_gathers_compare_it() -> None:
+    """Within ``atol`` is no difference, past it is one; exactly, both are."""
+    batch, phase, flats = _values_batch(1, torch.float32, None)
+    s = _VALUE_SHAPES[1][2]
+    flats[1][s + 40] += 0.004
+    flats[1][s + 41] -= 0.02
+    phase.set(0)
+    assert _kernel(batch, phase, 0.0) == _today(batch, 0, 0.0) == 2
+    assert _kernel(batch, phase, 0.01) == _today(batch, 0, 0.01) == 1
+
+
+@pytest.mark.parametrize("main_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dtype", "round_to"), _ROUNDINGS)
+def test_the_main_is_rounded_as_torch_rounds_it(
+    dtype: torch.dtype, round_to: Any, main_dtype: torch.dtype
+) -> None:
+    """Ties, the subnormal ranges (fp16's, and fp32's that bf16 keeps), fp16's overflow to
+    infinity and both zeros, from an fp32 or a bf16 main shard: a param holding
+    ``main.to(round_to).to(dtype)`` differs nowhere."""
+    from mbridge_mxfp8_plugin.verify.batches import Batch, Item
+    from mbridge_mxfp8_plugin.verify.sampling import Phase, sampled_runs
+
+    tiny, big = 2.0**-24, 65504.0
+    edges = [0.0, -0.0, tiny, tiny * 0.5, tiny * 1.5, tiny * 2.5, 2.0**-14, 2.0**-14 * (1 - 2**-12), big,
+             65519.0, 65520.0, 65536.0, 1e6, 2.0**-130, 3.4e38, float("inf"), 1 + 2**-8, 1 + 3 * 2**-8,
+             1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-9 + 2**-20]  # fmt: skip
+    base = torch.tensor(edges)
+    gen = torch.Generator().manual_seed(0)
+    main = torch.cat([base, -base, torch.randn(960, generator=gen) * torch.exp2(torch.randint(-30, 17, (960,),
+                      generator=gen).float())]).to(main_dtype)  # fmt: skip
+    flat = (main.to(round_to) if round_to is not None else main).to(dtype)
+    phase = Phase(1)
+    phase.reserve(torch.device("cpu"), 1)
+    blocks, tail = sampled_runs(0, main.numel(), phase)
+    views = (flat[-tail:], main[-tail:]) if tail else None
+    batch = Batch(
+        ("values",), flat, False, round_to, [Item(0, Reader(flat), main, 0, blocks, views)], blocks.count
+    )
+    assert _kernel(batch, phase, 0.0) == _today(batch, 0, 0.0) == 0
+
+
+def test_values_batches_the_kernel_does_not_read_keep_the_gathers() -> None:
+    """No launch for main shards of two dtypes, a param read as another dtype than its own, or a
+    main it does not round (fp64)."""
+    from dataclasses import replace
+
+    batch, _, _ = _values_batch(4, torch.bfloat16, torch.bfloat16)
+    items = batch.items
+    assert fused.values_launch(items, torch.bfloat16, torch.bfloat16, 0.0) is not None
+    assert fused.values_launch(items, torch.bfloat16, torch.float16, 0.0) is None
+    other = [*items[:-1], replace(items[-1], main=items[-1].main.to(torch.bfloat16))]
+    assert fused.values_launch(other, torch.bfloat16, torch.bfloat16, 0.0) is None
+    wide = [replace(it, main=it.main.double()) for it in items]
+    assert fused.values_launch(wide, torch.bfloat16, torch.bfloat16, 0.0) is None

@@ -11,6 +11,7 @@ side stream and one memory pool. No test of the suite captures a real graph (CI 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from typing import Any
 
 import pytest
@@ -250,26 +251,43 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
         found += [(offset, m.name) for m in report.shard_mismatches]
     assert found == [(5, "plain"), (11, "wide")], found
     assert len(made) == 1 and made[0].replays == 3 * stride  # one graph, replayed by every later call
-    if fused_on == "1":  # the TE-shaped params (one batch) are one launch per call, not one each
+    if fused_on == "1":  # the TE-shaped params (one batch) are one launch per call, not one each,
+        # and so are the bf16 param's compares (no gathers)
         assert [b.key in check.fused for b in check.planned] == [True, False]
         assert len(check.planned[0].items) == 2
-        assert launches == {"items_kernel": 3 * stride, "kernel": 0}, launches  # one per replay
+        want = {"items_kernel": 3 * stride, "kernel": 0, "values_kernel": 3 * stride, "gathers": 0}
+        assert launches == want, launches  # one of each per replay
+    else:  # per replay a gather of each param's main shard and one of the bf16 param's values
+        assert launches["gathers"] == (3 + 1) * 3 * stride, launches
 
 
 def _count_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Launches of the fused kernels from now on, by name (a launch indexes the kernel by its grid)."""
+    """Launches of the fused kernels from now on, by name (a launch indexes the kernel by its grid),
+    and the gathers of the values path (``index_select``)."""
     from mbridge_mxfp8_plugin.verify import _te_rule_kernel
 
-    counts = {"items_kernel": 0, "kernel": 0}
+    counts = {"items_kernel": 0, "kernel": 0, "values_kernel": 0, "gathers": 0}
 
     class Counted:
-        def __init__(self, name: str) -> None:
-            self.name, self.kernel = name, getattr(_te_rule_kernel, name)
+        def __init__(self, name: str, module: Any, attr: str) -> None:
+            self.name, self.kernel = name, getattr(module, attr)
 
         def __getitem__(self, grid: Any) -> Any:
             counts[self.name] += 1
             return self.kernel[grid]
 
-    for name in counts:
-        monkeypatch.setattr(_te_rule_kernel, name, Counted(name))
+    for name in ("items_kernel", "kernel"):
+        monkeypatch.setattr(_te_rule_kernel, name, Counted(name, _te_rule_kernel, name))
+    if importlib.util.find_spec("triton") is not None:
+        from mbridge_mxfp8_plugin.verify import _values_kernel
+
+        values = Counted("values_kernel", _values_kernel, "items_kernel")
+        monkeypatch.setattr(_values_kernel, "items_kernel", values)
+    select = torch.Tensor.index_select
+
+    def index_select(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        counts["gathers"] += self.dtype == torch.bfloat16 or self.dtype == torch.float32
+        return select(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "index_select", index_select)
     return counts
