@@ -218,20 +218,33 @@ def _layout_of(optimizer: Any, fingerprint: tuple[Any, ...]) -> _Layout | None:
 
 def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
     """Which tensors, at which addresses, a plan reads: every buffer param (the codes, scales or
-    per-tensor FP8 bytes it holds) and every main shard. A plan is reused only while this is unchanged, so
-    its views never read memory the params or the optimizer have moved away from. Empty where it
-    cannot be taken (nothing is then reused)."""
+    per-tensor FP8 bytes it holds) and every main shard. A plan is reused only while this is
+    unchanged, so its views never read memory the params or the optimizer have moved away from.
+    Empty where it cannot be taken (nothing is then reused).
+
+    Taken at every check, so it is one flat list of plain values: once a replayed check's GPU
+    work was down to a fraction of a millisecond, building a tuple per tensor was most of a
+    check's time."""
     parts: list[Any] = []
+    add = parts.append
     try:
         # One subclass-dispatch guard for the whole walk: entered per tensor it cost more than
-        # the reads (this runs at every check, ~700 tensors at 1B).
+        # the reads.
         with torch._C.DisableTorchFunctionSubclass():
             for _, param in _buffer_params(chunks):
-                at = (_address(param), *[_address(getattr(param, a, None)) for a in _HELD_ATTRS])
+                add(type(param))
+                add(param.shape)
+                _add_address(add, param)
+                if type(param) in _PLAIN and not param.__dict__.keys() & _ATTRS:
+                    parts.extend(_NO_ATTRS)  # a plain param holds none of them (no lookups that miss)
+                    continue
+                for name in _HELD_ATTRS:
+                    _add_address(add, getattr(param, name, None))
                 # What the reader and the batch key read off the param, besides where it is.
-                layout = tuple([getattr(param, a, None) for a in _LAYOUT_ATTRS])
-                parts.append((id(param), type(param), tuple(param.shape), at, layout))
-            parts.extend([(id(m), _address(m)) for m in main_params(optimizer)])
+                for name in _LAYOUT_ATTRS:
+                    add(getattr(param, name, None))
+            for main in main_params(optimizer):
+                _add_address(add, main)
     except (AttributeError, TypeError, RuntimeError):
         return ()
     return tuple(parts)
@@ -243,14 +256,26 @@ _LAYOUT_ATTRS = ("_fp8_dtype", "_with_gemm_swizzled_scales", "_quantizer")
 _HELD_ATTRS = ("_rowwise_data", "_rowwise_scale_inv", "_data", "_scale_inv")
 
 
-def _address(tensor: Any) -> Any:
-    """Where ``tensor``'s bytes are; call it under ``DisableTorchFunctionSubclass``."""
-    if not isinstance(tensor, torch.Tensor):
-        return None
-    try:
-        return (id(tensor), torch.Tensor.data_ptr(tensor), torch.Tensor.storage_offset(tensor))
-    except (RuntimeError, NotImplementedError):  # a wrapper subclass without real storage
-        return (id(tensor), None, None)
+#: Param types that hold values only: none of the attributes above unless set on the instance.
+_PLAIN = (torch.nn.Parameter, torch.Tensor)
+_ATTRS = frozenset(_HELD_ATTRS + _LAYOUT_ATTRS)
+#: What a param without those attributes adds for them (three per address, one per layout attr).
+_NO_ATTRS: tuple[Any, ...] = (id(None), None, None) * len(_HELD_ATTRS) + (None,) * len(_LAYOUT_ATTRS)
+
+
+def _add_address(add: Any, tensor: Any) -> None:
+    """Where ``tensor``'s bytes are (which object, its data pointer and storage offset: three
+    entries, always); call it under ``DisableTorchFunctionSubclass``."""
+    add(id(tensor))
+    if isinstance(tensor, torch.Tensor):
+        try:
+            add(torch.Tensor.data_ptr(tensor))
+            add(torch.Tensor.storage_offset(tensor))
+            return
+        except (RuntimeError, NotImplementedError):  # a wrapper subclass without real storage
+            pass
+    add(None)
+    add(None)
 
 
 def _make_plan(
