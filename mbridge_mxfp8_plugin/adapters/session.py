@@ -88,6 +88,8 @@ class Session:
         self.verify_chunks: list[Any] | None = None
         self.verify_optimizer: Any = None
         self.last_report: WeightReport | None = None
+        #: seconds the train-start warm-up of the weight check took (None: it did not run)
+        self.prepared_s: float | None = None
         self.inactive_reason: str | None = None
         #: Megatron-FSDP / the LayerWise optimizer owns the param sync: passive, verifier included
         self.owner: SyncOwner | None = None
@@ -290,11 +292,12 @@ class Session:
         report = self._check(f"train start, warm-up ({self.framework})")
         if report is None:
             return
+        self.prepared_s = time.perf_counter() - t0
         log_rank_zero(
             logging.INFO,
             "MXFP8 weight check prepared at train start in %.2f s (its plan, probes, kernel compile "
             "and, on a GPU, CUDA-graph recording); the checks at evals and saves replay it",
-            time.perf_counter() - t0,
+            self.prepared_s,
         )
         self._warn_unreadable_types(report)  # NOT CHECKED is said there, once per type
         if not report.ok and report.verdict != "not checked":

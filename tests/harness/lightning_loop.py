@@ -183,6 +183,10 @@ class LightningRun:
     #: loss of ``trainer.test()`` run after fit, on the same data as validation.
     test_loss: float | None = None
     plugin_events: list[str] = field(default_factory=list)
+    #: mode ``plugin_verify``: the weight check's train-start warm-up (seconds; None: none ran)
+    #: and each check's (event, ok) after it
+    verify_prepared_s: float | None = None
+    verify_reports: list[tuple[str, bool]] = field(default_factory=list)
     #: every recorded hook and forced param sync (:func:`make_event_recorder`, :func:`record_param_syncs`).
     events: list[str] = field(default_factory=list)
 
@@ -452,7 +456,11 @@ def _fit_and_test(
     module = classes["ToyLightningModule"](job, order, record, [])
     train = [make_batches(toy, 1, rank=rank, world=world, salt=i)[0] for i in range(train_steps)]
     val = make_batches(toy, 2, rank=rank, world=world, salt=99991)
-    plugin = MXFP8ParamSyncLightningCallback() if mode == "plugin" else None
+    plugin = None
+    if mode in ("plugin", "plugin_verify"):
+        plugin = MXFP8ParamSyncLightningCallback(verify_weights=(mode == "plugin_verify"), verify_sample=1.0)
+        if mode == "plugin_verify":
+            _record_checks(plugin, record)
     callbacks: list[Any] = [make_event_recorder(record.events)]
     if order.toggle_hooks_around_validation:
         callbacks.append(classes["HookToggle"]())
@@ -483,6 +491,20 @@ def _fit_and_test(
     trainer.test(module, _loader(val), verbose=False)
     if plugin is not None:
         record.plugin_events = [f"{e}:{asdict(s)['note'] or 'ok'}" for e, s in plugin.history]
+        record.verify_prepared_s = plugin.session.prepared_s
+
+
+def _record_checks(plugin: Any, record: LightningRun) -> None:
+    """Every report the callback's checks make, in order (the session keeps only the last)."""
+    verify = plugin.session.verify
+
+    def recorded(event: str, *args: Any, **kwargs: Any) -> Any:
+        report = verify(event, *args, **kwargs)
+        if report is not None:
+            record.verify_reports.append((event, bool(report.ok)))
+        return report
+
+    plugin.session.verify = recorded
 
 
 def _rank_body(

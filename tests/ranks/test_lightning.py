@@ -90,3 +90,22 @@ def test_nemo_save_forces_sync_before_validation(lightning_runs):
     for k, save in enumerate(["on_save_checkpoint", "on_save_checkpoint", "on_train_batch_end"]):
         i = 2 + 3 * k
         assert events[i : i + 3] == [save, "on_validation_start", "on_validation_end"], events
+
+
+@pytest.fixture(scope="module")
+def verify_runs():
+    from harness.lightning_loop import run_lightning_orders
+
+    return run_lightning_orders(["nemo"], modes=("plugin_verify",), train_steps=6, val_every=3)
+
+
+def test_the_weight_check_is_prepared_at_train_start_and_every_check_after_is_ok(verify_runs):
+    """Issue 32.3 on a real Trainer: with verify_weights on, the callback's on_train_start makes
+    the check's first call (no eval pays for the plan), and the checks at validation, saves and
+    train end that follow are all ok, on every rank. Without the warm-up ``prepared_s`` is None."""
+    (runs,) = verify_runs.values()
+    for run in runs:
+        assert run.verify_prepared_s is not None and run.verify_prepared_s > 0, run
+        events = [e for e, _ in run.verify_reports]
+        assert any(e.startswith("on_validation") for e in events), events
+        assert all(ok for _, ok in run.verify_reports), run.verify_reports

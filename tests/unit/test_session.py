@@ -228,6 +228,7 @@ def test_the_check_is_prepared_at_train_start_and_its_verdict_only_logged(caplog
         sync = mxfp8_param_sync([chunk], optimizer, enabled=False, verify_weights=True, strict=True)
     assert calls == ["train start, warm-up (loop API)"]
     assert sync.session.last_report is None  # not an event's check
+    assert sync.session.prepared_s is not None  # what it cost, kept for the adapter's user
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any("weight check prepared at train start in" in m for m in infos), infos
     warnings = [r.getMessage() for r in caplog.records if logging.WARNING <= r.levelno < logging.ERROR]
