@@ -40,14 +40,17 @@ import torch
 from .read import BLOCK, Blocks, Reader
 
 __all__ = [
+    "GATHER_FIELDS",
     "ITEM_FIELDS",
     "VALUE_FIELDS",
+    "GatherLaunch",
     "Launch",
     "ValuesLaunch",
     "available",
     "compare",
     "crafted_rows",
     "differing_bytes",
+    "gather_launch",
     "launch",
     "values_launch",
 ]
@@ -250,6 +253,86 @@ def values_launch(
     programs_t = torch.tensor(programs, dtype=torch.int32, device=got0.device)
     rounds = _ROUNDING[round_to], _ROUNDING[dtype]
     return ValuesLaunch(got0, main0, table.to(got0.device), programs_t, off_div, *rounds, atol)
+
+
+#: A row of an own-write batch's gather table (``_gather_kernel``): offsets from the first item's
+#: main shard (less the item's start), codes and scales (elements), its first program, its first
+#: row in the batch's buffers, its ``Blocks.kernel_args``, ``per_row`` and the scales' row length.
+GATHER_FIELDS = ("main", "codes", "scales", "program", "out", "start", "lo", "count", "n", "mod", "step",
+                 "per_row", "scale_cols")  # fmt: skip
+#: (main dtype, rows dtype) -> whether the gather rounds fp32 to bf16 on the way.
+_GATHER_CASTS = {(torch.float32, torch.float32): False, (torch.bfloat16, torch.bfloat16): False,
+                 (torch.float32, torch.bfloat16): True}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GatherLaunch:
+    """An own-write batch's gathers as one launch (``_gather_kernel``): the buffers
+    ``batches.main_rows`` and ``batches.got_bytes`` make, at the phase a tensor holds. Its tables
+    are made at plan time, as ``Launch``'s are; the buffers at each call (in a capture: the pool)."""
+
+    main: torch.Tensor  # the first item's main shard, codes and scales, as integers of their width
+    codes: torch.Tensor
+    scales: torch.Tensor
+    items: torch.Tensor  # int64, (items, len(GATHER_FIELDS)); a last row of n = 0: the zero rows
+    programs: torch.Tensor  # int32, the item each program copies a chunk of
+    blocks: int
+    rows_dtype: torch.dtype
+    round_bf16: bool
+
+    def __call__(self, phase: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The main rows ``(k + pad, 32)``, codes ``(k, 32)`` and scale bytes ``(k,)``."""
+        from ._gather_kernel import items_kernel
+
+        k, device = self.blocks, self.main.device
+        rows = torch.empty((k + (-k) % BLOCK, BLOCK), dtype=self.rows_dtype, device=device)
+        codes = torch.empty((k, BLOCK), dtype=torch.uint8, device=device)
+        scales = torch.empty((k,), dtype=torch.uint8, device=device)
+        bits = torch.int16 if self.rows_dtype.itemsize == 2 else torch.int32
+        items_kernel[(self.programs.numel(),)](
+            self.main, self.codes, self.scales, rows.view(bits), codes, scales, phase, self.items,
+            self.programs, ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM,
+        )  # fmt: skip
+        return rows, codes, scales
+
+
+def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherLaunch | None:
+    """One gather launch for an own-write batch's ``items`` (codes read), or None where the
+    kernel does not read them (they keep ``main_rows`` and ``got_bytes``): no kernel on their
+    device, a rounding it does not make, ragged rows, tensors of two dtypes or devices."""
+    first = items[0]
+    main0, codes0, scales0 = first.main, first.reader.flat, first.reader.scales
+    cast = _GATHER_CASTS.get((main0.dtype, round_to or main0.dtype))
+    if cast is None or scales0 is None or codes0.dtype != torch.uint8 or scales0.dtype != torch.uint8:
+        return None
+    if codes0.device != main0.device or scales0.device != main0.device or not available(main0.device):
+        return None
+    rows: list[list[int]] = []
+    programs: list[int] = []
+    out = 0
+    for it in items:
+        if not it.mxfp8_codes or not it.blocks.aligned or it.tail is not None:
+            return None
+        found = [_offset(it.main, main0), _offset(it.reader.flat, codes0), _offset(it.reader.scales, scales0)]
+        offsets = [o for o in found if o is not None]
+        if len(offsets) < len(found):
+            return None
+        main, codes, scales = offsets
+        rows.append([main - it.start, codes, scales, len(programs), out, *it.blocks.kernel_args(),
+                     it.blocks.per_row, it.reader.scale_cols])  # fmt: skip
+        programs += [len(rows) - 1] * -(-it.blocks.count // _BLOCKS_PER_PROGRAM)
+        out += it.blocks.count
+    if not programs:
+        return None
+    if out % BLOCK:  # the zero rows up to whole 32-row tiles
+        rows.append([0, 0, 0, len(programs), out, 0, 0, (-out) % BLOCK, 0, 1, 1, 1, 1])
+        programs.append(len(rows) - 1)
+    bits = torch.int16 if main0.dtype.itemsize == 2 else torch.int32
+    device = main0.device
+    table = torch.tensor(rows, dtype=torch.int64, device=device)
+    programs_t = torch.tensor(programs, dtype=torch.int32, device=device)
+    rows_dtype = round_to or main0.dtype
+    return GatherLaunch(main0.view(bits), codes0, scales0, table, programs_t, out, rows_dtype, cast)
 
 
 def _offset(tensor: torch.Tensor, base: torch.Tensor) -> int | None:

@@ -70,8 +70,9 @@ class ShardCheck:
         self.written = probed.written  # a fused key's blocks per write of the type (attribution)
         self._flags: torch.Tensor | None = None  # per call: differing bytes per fused batch
         self._flag_of: dict[int, int] = {}
-        # fused batch -> its one launch; values batch -> its one launch (None: the gathers)
-        self._launches: dict[int, fused.Launch | fused.ValuesLaunch | None] = {}
+        # fused batch -> its one launch; values batch -> its one launch (None: the gathers); own
+        # write batch -> its gathers' one launch (used in a capture; None: the gathers)
+        self._launches: dict[int, fused.Launch | fused.ValuesLaunch | fused.GatherLaunch | None] = {}
         self.verdicts: list[tuple[Batch, torch.Tensor]] = []
         self.planned: list[Batch] = []  # sealed batches, in the order they are compared
         self.reusable = True  # False once a compare was refused (the plan is not kept)
@@ -151,7 +152,7 @@ class ShardCheck:
         assert flags is not None
         phase = self.phase.tensor(batch.items[0].main.device)
         one = self._launches.get(id(batch))
-        if one is not None:
+        if one is not None and not isinstance(one, fused.GatherLaunch):
             one(flags, slot, phase)
         else:
             for it in batch.items:
@@ -169,6 +170,8 @@ class ShardCheck:
             elif not batch.mxfp8 and batch.key not in self.refused:
                 dtype = batch.param.dtype
                 self._launches[id(batch)] = fused.values_launch(batch.items, batch.round_to, dtype, self.atol)
+            elif batch.items[0].mxfp8_codes and batch.key not in self.refused:
+                self._launches[id(batch)] = fused.gather_launch(batch.items, batch.round_to)
 
     def _new_flags(self) -> None:
         """Zeroed counters for this call's fused and kernel-compared values batches (inside a
@@ -186,11 +189,14 @@ class ShardCheck:
     def _flush_codes(self, batch: Batch) -> None:
         """Codes and scale bytes of the reference against the param's: equal bytes are equal
         values. A batch with differing bytes is compared by value in ``finish`` (a checkpoint
-        load re-quantizes about 5% of blocks to other bytes with the same values)."""
-        rows = main_rows(batch)
+        load re-quantizes about 5% of blocks to other bytes with the same values). In a capture
+        the batch's gathers are one launch where it has one (``fused.GatherLaunch``)."""
+        one = self._launches.get(id(batch)) if self._capturing else None
+        gathered = one(self.phase.tensor(one.main.device)) if isinstance(one, fused.GatherLaunch) else None
+        rows = main_rows(batch) if gathered is None else gathered[0]
         codes, scales = self.references[batch.key].codes(rows, batch.blocks)
         del rows
-        got_codes, got_scales = got_bytes(batch)
+        got_codes, got_scales = got_bytes(batch) if gathered is None else gathered[1:]
         self.verdicts.append((batch, _differ(codes, got_codes)))
         self.verdicts.append((batch, torch.ne(scales, got_scales).any()))
 

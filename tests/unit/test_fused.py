@@ -477,3 +477,78 @@ def test_values_batches_the_kernel_does_not_read_keep_the_gathers() -> None:
     assert fused.values_launch(other, torch.bfloat16, torch.bfloat16, 0.0) is None
     wide = [replace(it, main=it.main.double()) for it in items]
     assert fused.values_launch(wide, torch.bfloat16, torch.bfloat16, 0.0) is None
+
+
+# ------------------------------------- own-write batches: their gathers as one launch per batch
+def _own_batch(stride: int, main_dtype: torch.dtype, round_to: Any) -> tuple[Any, Any]:
+    """An own-write batch as the shard check plans it (``pack``): TE-shaped params with plain
+    (rows of 256) and padded scale rows (64, 96: TE pads a row's scales to 4), shards from a
+    row's start, mid-row and mid-block, the first split in two parts; fp32 mains not bf16-exact,
+    with subnormals, so the rounding shows; 45 + ... blocks: not whole 32-row tiles."""
+    from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
+    from mbridge_mxfp8_plugin.verify.batches import Batch, Item
+    from mbridge_mxfp8_plugin.verify.read import reader_for
+    from mbridge_mxfp8_plugin.verify.sampling import Phase, sampled_mxfp8
+
+    phase = Phase(stride)
+    batch = Batch(("own",), None, True, round_to)
+    shapes = ((40, 256, 0, 0), (20, 64, 3 * 64 + 17, 5), (30, 96, 2 * 96 + 32, 0))
+    for slot, (rows, last, s, cut) in enumerate(shapes):
+        values = _wide(rows, last, seed=slot + 31)
+        values.view(-1)[::7] *= 2.0**-130  # fp32 subnormals (bf16 keeps some of their bits)
+        param = TEShapedMXFP8Quantizer(rowwise=True, columnwise=False).quantize(values.to(torch.bfloat16))
+        reader = reader_for(param)
+        assert reader.scale_cols == (last // BLOCK if last == 256 else 4)
+        main = values.reshape(-1)[s : values.numel() - cut].clone().to(main_dtype)
+        blocks, _ = sampled_mxfp8(param, s, values.numel() - cut, phase)
+        half = blocks.count // 2  # the first param split in two parts, as ``pack`` splits one
+        for part in [blocks.part(0, half), blocks.part(half, blocks.count - half)] if slot == 0 else [blocks]:
+            batch.items.append(Item(slot, reader, main, s, part, mxfp8_codes=True))
+            batch.blocks += part.count
+        phase.reserve(torch.device("cpu"), blocks.count)
+    assert len(batch.items) == 4 and batch.blocks % BLOCK
+    return batch, phase
+
+
+@pytest.mark.parametrize(("main_dtype", "round_to"), [(torch.float32, torch.bfloat16), (torch.float32, None),
+                                                      (torch.bfloat16, None)])  # fmt: skip
+def test_an_own_write_batch_is_gathered_by_one_launch_byte_for_byte(
+    monkeypatch: pytest.MonkeyPatch, main_dtype: torch.dtype, round_to: Any
+) -> None:
+    """The gather launch gives, at every phase, exactly the buffers ``main_rows`` and
+    ``got_bytes`` make (the rounded main rows with their zero rows, the codes and scale bytes):
+    one launch per phase where each item took three gathers."""
+    from mbridge_mxfp8_plugin.verify import _gather_kernel
+    from mbridge_mxfp8_plugin.verify.batches import got_bytes, main_rows
+
+    stride = 4
+    batch, phase = _own_batch(stride, main_dtype, round_to)
+    one = fused.gather_launch(batch.items, round_to)
+    assert one is not None and one.items.shape == (len(batch.items) + 1, len(fused.GATHER_FIELDS))
+    launches = _Launches(_gather_kernel.items_kernel)
+    monkeypatch.setattr(_gather_kernel, "items_kernel", launches)
+    bits = torch.int16 if (round_to or main_dtype).itemsize == 2 else torch.int32
+    for offset in range(stride):
+        phase.set(offset)
+        phase.begin()
+        want_rows = main_rows(batch)
+        want_codes, want_scales = got_bytes(batch)
+        rows, codes, scales = one(phase.tensor(torch.device("cpu")))
+        assert rows.dtype == want_rows.dtype and rows.shape == want_rows.shape
+        assert torch.equal(rows.view(bits), want_rows.view(bits)), offset
+        assert torch.equal(codes, want_codes.view(torch.uint8)), offset
+        assert torch.equal(scales, want_scales.view(torch.uint8)), offset
+    assert launches.count == stride
+
+
+def test_own_write_batches_the_gather_does_not_read_keep_the_gathers() -> None:
+    """Ragged rows, a rounding it does not make, main shards of two dtypes: None."""
+    from dataclasses import replace
+
+    batch, _ = _own_batch(4, torch.float32, torch.bfloat16)
+    assert fused.gather_launch(batch.items, torch.float16) is None
+    items = list(batch.items)
+    items[-1] = replace(items[-1], main=items[-1].main.to(torch.bfloat16))
+    assert fused.gather_launch(items, torch.bfloat16) is None
+    ragged, _ = _batch_items(4, _phase(4))
+    assert fused.gather_launch(ragged, torch.bfloat16) is None

@@ -186,7 +186,7 @@ def _shard_params() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     return out
 
 
-@pytest.mark.parametrize("fused_on", ["1", "0"])
+@pytest.mark.parametrize("fused_on", ["1", "0", "own"])
 def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
     monkeypatch: pytest.MonkeyPatch, fused_on: str
 ) -> None:
@@ -201,9 +201,11 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
     from mbridge_mxfp8_plugin.verify.sampling import mxfp8_blocks, runs
     from mbridge_mxfp8_plugin.verify.shard import ShardCheck
 
-    if fused_on == "1" and not fused.available(torch.device("cpu")):
+    if fused_on != "0" and not fused.available(torch.device("cpu")):
         pytest.skip("no fused kernel here")
-    monkeypatch.setenv("MXFP8_VERIFY_FUSED", fused_on)
+    monkeypatch.setenv("MXFP8_VERIFY_FUSED", "0" if fused_on == "0" else "1")
+    if fused_on == "own":  # the kernels on, the TE-shaped params' type on its own write
+        monkeypatch.setattr(fused, "usable", lambda *args: False)
     monkeypatch.setattr(graphs, "_GRAPHS_OFF", {})
     monkeypatch.setattr(graphs, "on_cuda", lambda tensor: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
@@ -255,8 +257,15 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
         # and so are the bf16 param's compares (no gathers)
         assert [b.key in check.fused for b in check.planned] == [True, False]
         assert len(check.planned[0].items) == 2
-        want = {"items_kernel": 3 * stride, "kernel": 0, "values_kernel": 3 * stride, "gathers": 0}
+        want = {"items_kernel": 3 * stride, "kernel": 0, "values_kernel": 3 * stride, "gathers": 0,
+                "gather_kernel": 0, "byte_gathers": 0}  # fmt: skip
         assert launches == want, launches  # one of each per replay
+    elif fused_on == "own":  # the own-write batch's gathers: one launch per replay, no index_select
+        assert [b.key in check.fused for b in check.planned] == [False, False]
+        assert len(check.planned[0].items) == 2
+        want = {"items_kernel": 0, "kernel": 0, "values_kernel": 3 * stride, "gathers": 0,
+                "gather_kernel": 3 * stride, "byte_gathers": 0}  # fmt: skip
+        assert launches == want, launches
     else:  # per replay a gather of each param's main shard and one of the bf16 param's values
         assert launches["gathers"] == (3 + 1) * 3 * stride, launches
 
@@ -267,6 +276,7 @@ def _count_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     from mbridge_mxfp8_plugin.verify import _te_rule_kernel
 
     counts = {"items_kernel": 0, "kernel": 0, "values_kernel": 0, "gathers": 0}
+    counts.update(gather_kernel=0, byte_gathers=0)
 
     class Counted:
         def __init__(self, name: str, module: Any, attr: str) -> None:
@@ -283,10 +293,15 @@ def _count_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
         values = Counted("values_kernel", _values_kernel, "items_kernel")
         monkeypatch.setattr(_values_kernel, "items_kernel", values)
+        from mbridge_mxfp8_plugin.verify import _gather_kernel
+
+        gather = Counted("gather_kernel", _gather_kernel, "items_kernel")
+        monkeypatch.setattr(_gather_kernel, "items_kernel", gather)
     select = torch.Tensor.index_select
 
     def index_select(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         counts["gathers"] += self.dtype == torch.bfloat16 or self.dtype == torch.float32
+        counts["byte_gathers"] += self.dtype == torch.uint8  # codes and scale bytes
         return select(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "index_select", index_select)
