@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,10 +157,8 @@ def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
     rows: list[list[int]] = []
     programs: list[int] = []
     for it in items:
-        own = (it.main, it.reader.flat, it.reader.scales)
-        found = [_offset(t, base) for t, base in zip(own, tensors, strict=True)]
-        offsets = [o for o in found if o is not None]
-        if len(offsets) < len(found):
+        offsets = _offsets(zip((it.main, it.reader.flat, it.reader.scales), tensors, strict=True))
+        if offsets is None:
             return None
         start, lo, count, n, mod, step = it.blocks.kernel_args()
         rows.append([offsets[0] - it.start, *offsets[1:], len(programs), start, lo, count, n, mod, step,
@@ -235,12 +233,12 @@ def values_launch(
         if it.reader.scales is not None or it.mxfp8_codes or not it.blocks.aligned:
             return None
         tail = it.tail[0].numel() if it.tail is not None else 0
-        found = [_offset(it.reader.flat, got0), _offset(it.main, main0)]
-        found += [_offset(it.tail[0], got0), _offset(it.tail[1], main0)] if it.tail is not None else [0, 0]
-        offsets = [o for o in found if o is not None]
-        if len(offsets) < len(found):
+        pairs = [(it.reader.flat, got0), (it.main, main0)]
+        pairs += [(it.tail[0], got0), (it.tail[1], main0)] if it.tail is not None else []
+        offsets = _offsets(pairs)
+        if offsets is None:
             return None
-        got, main, tail_got, tail_main = offsets
+        got, main, tail_got, tail_main = offsets if it.tail is not None else [*offsets, 0, 0]
         origin = it.blocks.origin  # run g of the item: param elements origin + 32 g ..
         rows.append([got + origin, main + origin - it.start, len(programs), *it.blocks.kernel_args(),
                      tail_got, tail_main, tail])  # fmt: skip
@@ -313,9 +311,8 @@ def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherL
     for it in items:
         if not it.mxfp8_codes or not it.blocks.aligned or it.tail is not None:
             return None
-        found = [_offset(it.main, main0), _offset(it.reader.flat, codes0), _offset(it.reader.scales, scales0)]
-        offsets = [o for o in found if o is not None]
-        if len(offsets) < len(found):
+        offsets = _offsets([(it.main, main0), (it.reader.flat, codes0), (it.reader.scales, scales0)])
+        if offsets is None:
             return None
         main, codes, scales = offsets
         rows.append([main - it.start, codes, scales, len(programs), out, *it.blocks.kernel_args(),
@@ -333,6 +330,13 @@ def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherL
     programs_t = torch.tensor(programs, dtype=torch.int32, device=device)
     rows_dtype = round_to or main0.dtype
     return GatherLaunch(main0.view(bits), codes0, scales0, table, programs_t, out, rows_dtype, cast)
+
+
+def _offsets(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[int] | None:
+    """Each tensor's ``_offset`` from its base, or None where any is not a whole element away
+    (the three launch tables share this rule)."""
+    found = [_offset(tensor, base) for tensor, base in pairs]
+    return None if any(o is None for o in found) else found  # type: ignore[return-value]
 
 
 def _offset(tensor: torch.Tensor, base: torch.Tensor) -> int | None:
