@@ -10,7 +10,8 @@ machine falls on all of them alike; the figure is the ratio of medians (wall tim
 process's CPU time, which load moves less). One untimed round first, so that bytecode caches and
 check's summaries of the installed sources exist, as they do after the first ``check``. Also
 records whether torch or megatron-core was imported on the way (``-X importtime``), which must be
-never. Goal: ``check`` / floor <= 1.3 (issue 30). Writes ``benchmarks/results/check_speed.json``.
+never, and ``check_with_teardown``: the same check ending in a normal interpreter exit, which shows
+what ``cli.leave`` (no module teardown where nothing waits for it) saves. Goal: ``check`` / floor <= 1.3 (issue 30). Writes ``benchmarks/results/check_speed.json``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ def main() -> int:
         "check": (check, env),
         "check_with_overrides": ([*check, "optimizer.lr=3e-4", "ddp.bucket_size=40000000"], env),
         "check_no_summary_cache": (check, {**env, "MXFP8_PLUGIN_CACHE": "off"}),
+        # the same work ending in a normal interpreter exit (module teardown), not cli.leave's
+        "check_with_teardown": (
+            [py, "-c", "import sys; from mbridge_mxfp8_plugin.commands.cli import main; sys.exit(main())", *check[3:]],
+            env,
+        ),
         "python_bare": ([py, "-c", "pass"], env),
     }
     load_before = os.getloadavg()

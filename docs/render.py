@@ -364,8 +364,10 @@ def check_speed() -> str:
     return (
         f"**{ratio['check']['wall']:.2f}x** the floor for a recipe ({ratio['check']['cpu']:.2f}x in CPU time), "
         f"{ratio['check_with_overrides']['wall']:.2f}x with `key=value` overrides (Hydra's parser), "
-        f"{ratio['check_no_summary_cache']['wall']:.2f}x without the source-summary cache; the goal is "
-        f"{r['goal_ratio']:g}x, not met (the floor, `python -c \"import omegaconf, yaml\"`, took "
+        f"{ratio['check_no_summary_cache']['wall']:.2f}x without the source-summary cache, "
+        f"{ratio['check_with_teardown']['wall']:.2f}x if it ended in a normal interpreter exit (its "
+        f"module teardown, which `check` skips when nothing waits for it); the goal is {r['goal_ratio']:g}x, "
+        f"{'met' if ratio['check']['wall'] <= r['goal_ratio'] else 'not met'} (the floor, `python -c \"import omegaconf, yaml\"`, took "
         f"{r['floor']['median_s'] * 1000:.0f} ms here; median of {r['rounds']} rotated rounds; "
         f"{r['cpus']} CPUs at load average {load}; {r['date']})"
     )

@@ -1,5 +1,5 @@
 """``python -m mbridge_mxfp8_plugin ...`` is the ``mxfp8-plugin`` console script."""
 
-from .commands.cli import main
+from .commands.cli import console_main
 
-raise SystemExit(main())
+console_main()

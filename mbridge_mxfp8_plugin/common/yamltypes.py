@@ -11,10 +11,11 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+from .records import record
 
 __all__ = [
     "DTYPE",
@@ -40,7 +41,7 @@ class _Dtype:
 DTYPE: Any = _Dtype()
 
 
-@dataclass(frozen=True)
+@record
 class EnumType:
     """An enum-typed field, described by its members (read from source, never imported).
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 import importlib
 import io
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from ..common.records import record
 from ..options import PLUGIN_SECTION
 from ._bounds import (
     MAX_BYTES,
@@ -64,7 +65,7 @@ MISSING = "???"
 FILE_FLAGS = ("--config-file", "--config_file")
 
 
-@dataclass(frozen=True)
+@record
 class BaseRef:
     """A value only the base recipe (which ``check`` does not have) decides: an interpolation
     into it, or ``???``, which merged onto it keeps the base's value."""
@@ -75,7 +76,7 @@ class BaseRef:
         return self.expr
 
 
-@dataclass
+@record(frozen=False)
 class RecipeInput:
     """The recipe as Bridge would merge it: plain containers, interpolations resolved, the
     ``mxfp8_plugin`` section still in ``data`` (``check`` judges it with the rest)."""

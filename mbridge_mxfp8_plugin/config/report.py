@@ -6,11 +6,12 @@ rendered as the user writes them in YAML (``true``, ``null``), so a fix can be p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 import yaml
 
+from ..common.records import record
 from ..common.yamltypes import plain_data, yaml_literal
 from ..errors import MXFP8ConfigError
 from .view import UNKNOWN
@@ -21,13 +22,13 @@ Severity = Literal["error", "warning"]
 Status = Literal["pass", "warn", "fail", "n/a"]
 
 
-@dataclass(frozen=True)
+@record
 class Rule:
     id: str
     title: str
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     """One violation: where (``knob``), what was seen (``value``), why (``message``), and the fix."""
 
@@ -60,7 +61,7 @@ class Finding:
         }
 
 
-@dataclass
+@record(frozen=False)
 class RuleResult:
     rule: Rule
     status: Status
@@ -72,7 +73,7 @@ class RuleResult:
     value: Any = UNKNOWN
 
 
-@dataclass
+@record(frozen=False)
 class ValidationReport:
     """Every rule's verdict. ``ok`` is False when any rule failed (errors, not warnings)."""
 

@@ -7,8 +7,10 @@ A value the config does not decide (it comes from a base recipe ``check`` cannot
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
+
+from ..common.records import record
 
 __all__ = ["UNKNOWN", "ConfigView", "InputIssue", "IssueKind", "Kind", "Val"]
 
@@ -30,7 +32,7 @@ class _Unknown:
 UNKNOWN: Any = _Unknown()
 
 
-@dataclass(frozen=True)
+@record
 class Val:
     """A knob's value and the dotted path it was read from (what messages point the user at)."""
 
@@ -42,7 +44,7 @@ class Val:
         return self.value is not UNKNOWN
 
 
-@dataclass(frozen=True)
+@record
 class InputIssue:
     """A problem with the input itself: unknown key, wrong type, unknown recipe name.
 
@@ -58,8 +60,11 @@ class InputIssue:
     severity: Literal["error", "warning"] = "error"
 
 
-@dataclass
+@record(frozen=False)
 class ConfigView:
+    """One config as the rules read it, whichever form it came in (a recipe file, Bridge's
+    ConfigContainer, megatron-core's own config objects)."""
+
     kind: Kind
     sections: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: ``mixed_precision`` as written: a recipe name, the field values, or absent/None.

@@ -159,29 +159,26 @@ def _cache_dir() -> Path | None:
     return Path(base) / "mbridge_mxfp8_plugin"
 
 
-def _swap_missing(summary: dict[str, Any], stored: bool) -> dict[str, Any]:
-    """``summary`` with MISSING swapped for its stored mark (``stored``) or back. Field defaults
-    are the only place it can be: fields are ``[name, annotation, default]``."""
-
-    def swap(d: Any) -> Any:
-        if stored:
-            return _MISSING_MARK if d is MISSING else d
-        return MISSING if type(d) is frozenset and d == _MISSING_MARK else d
-
+def _encode(data: dict[str, Any]) -> bytes:
+    """``data`` as marshal bytes, MISSING (which marshal cannot store) as its stored mark. Field
+    defaults are the only place it can be: fields are ``[name, annotation, default]``."""
+    summary = data["summary"]
     classes = {
-        name: {**c, "fields": [[n, a, swap(d)] for n, a, d in c["fields"]]}
+        name: {**c, "fields": [[n, a, _MISSING_MARK if d is MISSING else d] for n, a, d in c["fields"]]}
         for name, c in summary["classes"].items()
     }
-    return {**summary, "classes": classes}
-
-
-def _encode(data: dict[str, Any]) -> bytes:
-    return marshal.dumps({**data, "summary": _swap_missing(data["summary"], stored=True)})
+    return marshal.dumps({**data, "summary": {**summary, "classes": classes}})
 
 
 def _decode(raw: bytes) -> dict[str, Any]:
+    """What :func:`_encode` stored, the mark swapped back in place: marshal made every list anew,
+    and a copy of each summary would cost ``check`` a few percent of its floor."""
     stored: dict[str, Any] = marshal.loads(raw)
-    return {**stored, "summary": _swap_missing(stored["summary"], stored=False)}
+    for c in stored["summary"]["classes"].values():
+        for f in c["fields"]:
+            if type(f[2]) is frozenset and f[2] == _MISSING_MARK:
+                f[2] = MISSING
+    return stored
 
 
 def _fnv1a(text: str) -> int:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..common.records import record
 from ._source import block, init_signature, megatron_subdir, read_text
 
 __all__ = ["CoreBehaviour", "core_package_dir", "probe_bucket_offsets", "probe_core", "probe_core_files"]
@@ -22,7 +23,7 @@ __all__ = ["CoreBehaviour", "core_package_dir", "probe_bucket_offsets", "probe_c
 _PGB = "distributed/param_and_grad_buffer.py"
 
 
-@dataclass(frozen=True)
+@record
 class CoreBehaviour:
     """What megatron-core's param-sync code does by itself."""
 

@@ -12,8 +12,9 @@ The docs' copies of the tables are rendered from this module by ``docs/render.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
+
+from ..common.records import record
 
 __all__ = [
     "DEFECTS",
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@record
 class Defect:
     """One upstream defect: what breaks, where, and which release fixed it."""
 
@@ -221,7 +222,7 @@ def defects_present(
     return {d: present[d] for d in DEFECTS}
 
 
-@dataclass(frozen=True)
+@record
 class Hazard(Defect):
     """A known upstream failure with MXFP8 reuse that the plugin cannot repair: its ``id`` is the
     ``check`` rule that refuses it, ``fixed_in`` may name the release that rejects the config,

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..common.records import record
 from ._source import block, read_text
 from .core import core_package_dir
 from .loops import bridge_training_dir
@@ -22,7 +23,7 @@ from .loops import bridge_training_dir
 __all__ = ["HazardBehaviour", "probe_hazard_files"]
 
 
-@dataclass(frozen=True)
+@record
 class HazardBehaviour:
     """What the installed releases do about the hazards of :data:`...defects.HAZARDS`."""
 

@@ -10,16 +10,17 @@ from __future__ import annotations
 import inspect
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..common.records import record
 from ._source import block, megatron_subdir, read_text
 
 __all__ = ["BridgeLoopBehaviour", "bridge_training_dir", "probe_bridge_files", "probe_live_loop"]
 
 
-@dataclass(frozen=True)
+@record
 class BridgeLoopBehaviour:
     """What a Megatron-Bridge ``train()`` loop does around forced param syncs (from its source)."""
 

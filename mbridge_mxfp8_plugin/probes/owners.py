@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..common.records import record
 from ._source import block, megatron_subdir, read_text
 
 __all__ = [
@@ -54,7 +55,7 @@ _WHY = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class SyncOwner:
     """Who owns the param sync of a job the plugin must leave alone, and why."""
 
@@ -180,7 +181,7 @@ def sync_owner(model_chunks: Sequence[Any] | None, optimizer: Any = None) -> Syn
     return model_sync_owner(model_chunks) or optimizer_sync_owner(optimizer)
 
 
-@dataclass(frozen=True)
+@record
 class OwnerFiles:
     """Which of those owners the installed megatron-core ships (read from its files)."""
 

@@ -9,8 +9,9 @@ the config rules read this record. :meth:`InstalledStack.detect` reads the insta
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from ..common.records import record
 from ._source import read_text
 from .core import CoreBehaviour, probe_core_files
 from .defects import core_defects
@@ -24,7 +25,7 @@ __all__ = ["InstalledStack"]
 _CALLS_PREPARE = "prepare_model_params_for_param_sync("
 
 
-@dataclass(frozen=True)
+@record
 class InstalledStack:
     """The installed release pair, reduced to the behaviours the config rules depend on.
 

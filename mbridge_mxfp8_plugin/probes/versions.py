@@ -16,13 +16,15 @@ must not import torch.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from ..common.records import record
 from ._source import megatron_subdir, read_text
 
 __all__ = ["PackageOrigin", "installed_version", "installed_versions", "package_origin"]
@@ -32,20 +34,35 @@ _DISTS = ("torch", "megatron-core", "megatron-bridge", "lightning", "transformer
 _OWN_DIST = {"core": "megatron-core", "bridge": "megatron-bridge"}
 
 
+_SEPARATORS = str.maketrans("-.", "__")
+
+
 def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
+    """PEP 503's name, ``_`` for its separator (a run of ``-_.`` is one), without a regex compile."""
+    name = name.translate(_SEPARATORS).lower()
+    while "__" in name:
+        name = name.replace("__", "_")
+    return name
 
 
 def _dist_infos(entry: str | Path) -> list[tuple[str, str, Path]]:
     """``(normalised name, version, path)`` of every ``*.dist-info`` directly in ``entry``."""
+    return _listed(os.fspath(entry or "."))
+
+
+@functools.lru_cache(maxsize=16)
+def _listed(folder: str) -> list[tuple[str, str, Path]]:
+    """Memoized per folder, and names rather than ``Path.iterdir``: a site-packages holds hundreds
+    of entries, and ``check`` asks of each ``sys.path`` entry once and of the one holding megatron
+    again, on a budget of milliseconds (issue 30)."""
     try:
-        names = [p for p in Path(entry or ".").iterdir() if p.name.endswith(".dist-info")]
+        names = [n for n in os.listdir(folder) if n.endswith(".dist-info")]
     except OSError:
         return []
     out = []
-    for path in names:
-        dist, _, version = path.name[: -len(".dist-info")].partition("-")
-        out.append((_norm(dist), version, path))
+    for name in names:
+        dist, _, version = name[: -len(".dist-info")].partition("-")
+        out.append((_norm(dist), version, Path(folder, name)))
     return out
 
 
@@ -59,7 +76,7 @@ def _scan() -> dict[str, tuple[str, Path]]:
     return out
 
 
-@dataclass(frozen=True)
+@record
 class PackageOrigin:
     """Where ``megatron.<package>`` is imported from, and which release that is."""
 
@@ -99,11 +116,9 @@ def _package_info_version(pkg_dir: Path) -> str | None:
     """``MAJOR.MINOR.PATCH`` + ``PRE_RELEASE`` from the package's ``package_info.py`` (the form
     megatron-core and Megatron-Bridge both use); a literal ``__version__`` otherwise."""
     text = read_text(pkg_dir, "package_info.py")
-    found = {}
-    for name in _INFO_FIELDS:
-        m = re.search(rf"^{name}\s*=\s*(?:(\d+)|['\"]([^'\"]*)['\"])", text, re.M)
-        if m:
-            found[name] = m.group(1) if m.group(1) is not None else m.group(2)
+    found: dict[str, str] = {}
+    for field in re.finditer(rf"^({'|'.join(_INFO_FIELDS)})\s*=\s*(?:(\d+)|['\"]([^'\"]*)['\"])", text, re.M):
+        found.setdefault(field.group(1), field.group(2) if field.group(2) is not None else field.group(3))
     if all(f in found for f in _INFO_FIELDS[:3]):
         return ".".join(found[f] for f in _INFO_FIELDS[:3]) + found.get("PRE_RELEASE", "")
     m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
@@ -189,4 +204,5 @@ def installed_version(dist: str) -> str | None:
 def _clear_caches() -> None:
     """For tests that rearrange ``sys.path``."""
     _scan.cache_clear()
+    _listed.cache_clear()
     package_origin.cache_clear()

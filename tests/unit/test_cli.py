@@ -121,3 +121,65 @@ def test_an_unexpected_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys
     monkeypatch.setenv("MXFP8_PLUGIN_TRACEBACK", "1")
     with pytest.raises(RuntimeError, match="gloo connection reset"):
         cli.main(["demo"])
+
+
+_LEAVE = """
+import atexit, sys, threading, time
+from mbridge_mxfp8_plugin.commands.cli import leave
+
+class Teardown:
+    def __del__(self):
+        print("teardown ran", flush=True)
+
+kept = Teardown()
+print("x" * 200_000)  # more than a pipe's buffer: all of it must reach the reader
+if "atexit" in sys.argv:
+    atexit.register(print, "atexit ran")
+if "thread" in sys.argv:
+    threading.Thread(target=time.sleep, args=(0.2,)).start()
+leave(3)
+"""
+
+
+@pytest.mark.parametrize("waiting", [None, "atexit", "thread"])
+def test_leave_skips_teardown_only_when_nothing_waits_for_it(waiting: str | None):
+    """check's process ends without the interpreter's module teardown (issue 30's speed), yet its
+    output is flushed, an atexit handler (coverage, logging) still runs and a live thread still
+    gets the usual exit, which waits for it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LEAVE, *([waiting] if waiting else [])],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "x" * 200_000
+    ran = set(lines[1:])
+    if waiting == "thread":
+        assert "teardown ran" in ran, "a live thread was cut off by a fast exit"
+    else:
+        assert "teardown ran" not in ran, "the interpreter tore its modules down: no fast exit"
+    assert ("atexit ran" in ran) == (waiting == "atexit"), "an atexit handler was skipped"
+
+
+def test_console_script_exits_fast_with_its_verdict():
+    """The console script (``python -m``) ends ``check`` through ``leave``: its exit code is the
+    verdict, its output complete, and no module teardown runs (a module-level finalizer would
+    print), also with overrides, whose Hydra import registers logging's atexit handler."""
+    code = (
+        "import runpy, sys\n"
+        "class T:\n    def __del__(self): print('teardown ran', flush=True)\n"
+        "sys.modules['__teardown_probe__'] = type(sys)('p'); sys.modules['__teardown_probe__'].t = T()\n"
+        "sys.argv = ['mxfp8-plugin', 'check', '--json', 'recipes/llama3_8b_mxfp8_pretrain.yaml',"
+        " 'optimizer.overlap_param_gather_with_optimizer_step=true']\n"
+        "runpy.run_module('mbridge_mxfp8_plugin', run_name='__main__')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "teardown ran" not in proc.stdout
+    import json
+
+    report = json.loads(proc.stdout)
+    assert any(r["id"] == "MX007" and r["status"] == "fail" for r in report["rules"]), report
