@@ -194,9 +194,12 @@ class ShardCheck:
         one = self._launches.get(id(batch)) if self._capturing else None
         gathered = one(self.phase.tensor(one.main.device)) if isinstance(one, fused.GatherLaunch) else None
         rows = main_rows(batch) if gathered is None else gathered[0]
+        got_codes, got_scales = (None, None) if gathered is None else gathered[1:]
+        del gathered  # the rows go with ``rows``, right after the write
         codes, scales = self.references[batch.key].codes(rows, batch.blocks)
         del rows
-        got_codes, got_scales = got_bytes(batch) if gathered is None else gathered[1:]
+        if got_codes is None or got_scales is None:
+            got_codes, got_scales = got_bytes(batch)
         self.verdicts.append((batch, _differ(codes, got_codes)))
         self.verdicts.append((batch, torch.ne(scales, got_scales).any()))
 

@@ -32,11 +32,9 @@ from .shard import ShardCheck
 
 __all__ = ["verify_weights"]
 
-#: The check's extra memory: this for a sampled check; a full check (``sample=1.0``) may use
-#: ``_BUDGET_FRACTION`` of the param bytes the rank holds where that is more (fewer, larger
-#: batches where there are many; nothing else grows with the model).
+#: The check's extra memory, sampled or full (issue 32: at most 64 MiB): it sizes the batches,
+#: so nothing grows with the model; a full check of a larger model runs more batches.
 _BUDGET_BYTES = 64 << 20
-_BUDGET_FRACTION = 0.01
 
 #: Calls so far in this process: the default rotation of the sampled blocks.
 _CALLS = itertools.count()
@@ -114,13 +112,6 @@ def _unchecked_reason(param: Any, own: Owned, fp8: bool, mxfp8: bool) -> str:
     return ""
 
 
-def _budget_bytes(chunks: list[Any], stride: int) -> int:
-    if stride > 1:
-        return _BUDGET_BYTES
-    held = sum(p.numel() * p.element_size() for _, p in _buffer_params(chunks))
-    return int(max(_BUDGET_BYTES, _BUDGET_FRACTION * held))
-
-
 def verify_weights(
     model_chunks: Sequence[Any] | Any,
     optimizer: Any,
@@ -166,7 +157,7 @@ def verify_weights(
     # What else a plan depends on: the budget, the quantized types core recognises. Not the
     # sampled phase: that is data the plan is run with (``ShardCheck.restart``).
     registered = tuple(getattr(fp8_utils, a, None) for a in _REGISTRY_ATTRS)
-    budget = (_BUDGET_BYTES, _BUDGET_FRACTION)
+    budget = _BUDGET_BYTES
     key = (tuple(id(c) for c in chunks), stride, atol, budget, registered)
     fingerprint = _fingerprint(chunks, optimizer)
     layout = _layout_of(optimizer, fingerprint)
@@ -290,7 +281,7 @@ def _make_plan(
     if layout.owned is None:
         layout.owned = _owned_shards(optimizer)
     owned, report.note = layout.owned
-    budget = _budget_bytes(chunks, stride)
+    budget = _BUDGET_BYTES
     probed = layout.probed.setdefault(budget, Probed())
     check = ShardCheck(report, atol, stride, offset, budget, probed)
     plan = _Plan(check, report.note, [])

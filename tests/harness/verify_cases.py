@@ -253,13 +253,13 @@ def _case_sampling() -> dict[str, Any]:
 
     # A budget of one 32-block write: a fused batch flagged differing is judged again by the
     # type's write in parts of that size (and the unfused check batches that small).
-    budget = weights._BUDGET_BYTES, weights._BUDGET_FRACTION
-    weights._BUDGET_BYTES, weights._BUDGET_FRACTION = 1, 0.0
+    budget = weights._BUDGET_BYTES
+    weights._BUDGET_BYTES = 1
     weights._PLANS.clear()
     try:
         rec["one_block_full_small"] = verify_weights(job.model, job.optimizer, event="one block", sample=1.0)
     finally:
-        weights._BUDGET_BYTES, weights._BUDGET_FRACTION = budget
+        weights._BUDGET_BYTES = budget
         weights._PLANS.clear()
     before = os.environ.get("MXFP8_VERIFY_FUSED")
     os.environ["MXFP8_VERIFY_FUSED"] = "0"

@@ -197,7 +197,7 @@ def test_sampled_scales_of_whole_tile_rows_read_at_their_positions(path: str, of
 
 
 # ------------------------------------------- a sample costs its sample on the own-write path
-@pytest.mark.parametrize("budget", [64 << 20, 150_000])  # one batch; 256-block batches
+@pytest.mark.parametrize("budget", [64 << 20, 160_000])  # one batch; 256-block batches
 def test_a_sampled_check_writes_once_per_batch_across_params(
     monkeypatch: pytest.MonkeyPatch, budget: int
 ) -> None:
