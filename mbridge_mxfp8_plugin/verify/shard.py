@@ -70,8 +70,7 @@ class ShardCheck:
         self.written = probed.written  # a fused key's blocks per write of the type (attribution)
         self._flags: torch.Tensor | None = None  # per call: differing bytes per fused batch
         self._flag_of: dict[int, int] = {}
-        # fused batch -> its one launch; values batch -> its one launch (None: the gathers); own
-        # write batch -> its gathers' one launch (used in a capture; None: the gathers)
+        # batch -> its one launch in a capture (fused, values or own-write gathers; None: none)
         self._launches: dict[int, fused.Launch | fused.ValuesLaunch | fused.GatherLaunch | None] = {}
         self.verdicts: list[tuple[Batch, torch.Tensor]] = []
         self.planned: list[Batch] = []  # sealed batches, in the order they are compared
@@ -343,17 +342,31 @@ class ShardCheck:
                 eager = self.verdicts
                 self._capture(replay=False)
                 self.verdicts = eager
+        if self.runs == 0 and self.stride <= _KEPT_PHASES:
+            self._count_every_phase()
         self.runs += 1
         for reference in self.references.values():
             reference.release()
-        if self.verdicts:
-            failed = torch.stack([d for _, d in self.verdicts]).tolist()
+        # The verdicts are queued on the device; the host counts meanwhile, then reads them once.
+        stacked = torch.stack([d for _, d in self.verdicts]) if self.verdicts else None
+        self._tally_checked()
+        if stacked is not None:
+            failed = stacked.tolist()
             done: set[int] = set()
             for (batch, _), bad in zip(self.verdicts, failed, strict=True):
                 if bad and id(batch) not in done:
                     done.add(id(batch))
                     self._attribute(at_phase(batch, self.phase.value))
-        self._tally(max_names)
+        self._tally_mismatches(max_names)
+
+    def _count_every_phase(self) -> None:
+        """Each slot's compared elements at every phase, on the plan's first run (the train-start
+        warm-up), so that no later check pays for its phase's first visit."""
+        value = self.phase.value
+        for slot in self.slots:
+            for phase in range(self.stride):
+                slot.covered(phase)
+            slot.covered(value)
 
     def _attribute_codes(self, batch: Batch) -> None:
         """Values of a batch whose bytes differ, param by param, a bounded chunk at a time."""
@@ -403,7 +416,8 @@ class ShardCheck:
         if count:
             slot.worst = max(slot.worst, float(diff.nan_to_num(nan=float("inf")).max()))
 
-    def _tally(self, max_names: int) -> None:
+    def _tally_checked(self) -> None:
+        """What was checked and how (independent of the verdicts)."""
         report = self.report
         for slot in self.slots:
             if slot.unchecked:
@@ -413,16 +427,18 @@ class ShardCheck:
             report.mxfp8_checked += bool(slot.mxfp8_type)
             report.elements_checked += slot.covered(self.phase.value)
             report.elements_skipped += slot.skipped
-            if slot.differing:
-                report.shard_mismatch_count += 1
-                if len(report.shard_mismatches) < max_names:
-                    report.shard_mismatches.append(ParamMismatch(slot.name, slot.worst, slot.differing))
         for key, reference in self.references.items():
             params = {s for b, _ in self.verdicts if b.key == key for s in (it.slot for it in b.items)}
             count = len(params) + self.empty.get(key, 0)
             if key not in self.refused and count:
                 how = ", compared by the fused TE-rule kernel" if key in self.fused else ""
                 report.count_path(f"{reference.path}, read {key[-1]}{how}", count)
+
+    def _tally_mismatches(self, max_names: int) -> None:
+        for slot in (s for s in self.slots if s.differing and not s.unchecked):
+            self.report.shard_mismatch_count += 1
+            if len(self.report.shard_mismatches) < max_names:
+                self.report.shard_mismatches.append(ParamMismatch(slot.name, slot.worst, slot.differing))
 
 
 def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

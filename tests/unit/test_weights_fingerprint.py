@@ -60,3 +60,46 @@ def test_a_plain_param_with_one_of_the_attributes_is_read_as_the_others(layout: 
     before = _fp()
     layout["params"][1]._scale_inv = torch.ones(1)
     assert _fp() != before
+
+
+class _Declared(torch.Tensor):
+    """A param type that declares its codes as a property, and one more view through a slot-like
+    class default: read through getattr, not the instance dict."""
+
+    _fp8_dtype = None  # a class default the instance may shadow
+
+    @property
+    def _rowwise_data(self) -> torch.Tensor:
+        return self.__dict__["_store"]
+
+
+class _Dynamic(torch.Tensor):
+    """A param type that resolves attributes itself."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_quantizer":
+            return self.__dict__.get("_hidden")
+        raise AttributeError(name)
+
+
+@pytest.mark.parametrize("kind", ["property", "class default", "__getattr__", "absent"])
+def test_attributes_a_class_declares_are_read_through_it(layout: dict[str, Any], kind: str) -> None:
+    """The walk reads instance attributes from the instance's dict; what the class declares (a
+    property, a class default, ``__getattr__``) must still be read, and a change to it seen."""
+    if kind == "__getattr__":
+        param = torch.randn(8).as_subclass(_Dynamic)
+        param.__dict__["_hidden"] = "a"
+    else:
+        param = torch.randn(8).as_subclass(_Declared)
+        param.__dict__["_store"] = torch.randn(8)
+    layout["params"].append(param)
+    before = _fp()
+    if kind == "property":
+        param.__dict__["_store"] = torch.randn(8)  # the property now returns another tensor
+    elif kind == "class default":
+        param._fp8_dtype = "e4m3"  # type: ignore[attr-defined]
+    elif kind == "__getattr__":
+        param.__dict__["_hidden"] = "b"
+    else:  # a name neither the instance nor the class has, then set on the instance
+        param._scale_inv = torch.ones(1)  # type: ignore[attr-defined]
+    assert _fp() != before, kind
