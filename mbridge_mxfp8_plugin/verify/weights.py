@@ -255,17 +255,17 @@ def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
                         found = getattr(param, name, None) if name in declared else None
                     add(found)
             tensors.extend(main_params(optimizer))
+            no_storage = _NO_STORAGE
             for tensor in tensors:
                 add(id(tensor))
-                kind = type(tensor)
-                if kind in _NO_STORAGE or not isinstance(tensor, torch.Tensor):
+                if tensor is None or (no_storage and type(tensor) in no_storage):
                     add(None)
                     continue
                 try:
                     add(data_ptr(tensor))
-                except (RuntimeError, NotImplementedError):  # a wrapper subclass without storage
-                    if kind not in _PLAIN:
-                        _NO_STORAGE.add(kind)
+                except (RuntimeError, NotImplementedError, TypeError):  # no storage; not a tensor
+                    if isinstance(tensor, torch.Tensor) and type(tensor) not in _PLAIN:
+                        _NO_STORAGE.add(type(tensor))
                     add(None)
     except (AttributeError, TypeError, RuntimeError):
         return ()
