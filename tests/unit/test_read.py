@@ -10,10 +10,9 @@ decodes a type as the type does is the reference's self-check (test_reference.py
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
+from harness.tensors import StoragelessTensor
 
 from mbridge_mxfp8_plugin.testing.te_mxfp8 import make_te_mxfp8_param
 from mbridge_mxfp8_plugin.verify.read import BLOCK, Blocks, Reader, decode, reader_for
@@ -131,14 +130,5 @@ def test_swizzled_scales_and_unknown_types_are_refused_with_a_reason() -> None:
     param._with_gemm_swizzled_scales = True
     assert "swizzled" in str(reader_for(param))
 
-    class Opaque(torch.Tensor):  # a wrapper type with neither storage nor TE's buffers
-        @staticmethod
-        def __new__(cls, shape: tuple[int, ...]) -> Any:
-            return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.bfloat16)
-
-        @classmethod
-        def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            raise NotImplementedError(func)
-
-    reason = reader_for(Opaque((4, 32)))
-    assert isinstance(reason, str) and "Opaque" in reason
+    reason = reader_for(StoragelessTensor((4, 32)))
+    assert isinstance(reason, str) and "StoragelessTensor" in reason

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from harness.tensors import StoragelessTensor
 
 from mbridge_mxfp8_plugin.verify import weights
 
@@ -105,23 +106,11 @@ def test_attributes_a_class_declares_are_read_through_it(layout: dict[str, Any],
     assert _fp() != before, kind
 
 
-class _NoStorage(torch.Tensor):
-    """A wrapper subclass without storage of its own (as Transformer Engine's params are)."""
-
-    @staticmethod
-    def __new__(cls, shape: tuple[int, ...]) -> Any:
-        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.bfloat16)
-
-    @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        raise NotImplementedError(func)
-
-
 def test_a_param_without_storage_is_addressed_by_object(layout: dict[str, Any]) -> None:
     """Its ``data_ptr`` raises: the fingerprint still forms (not empty, so plans are kept), stays
     the same while nothing changes, and changes when the param object is replaced."""
-    layout["params"].append(_NoStorage((4, 64)))
+    layout["params"].append(StoragelessTensor((4, 64)))
     first = _fp()
     assert first and _fp() == first
-    layout["params"][-1] = _NoStorage((4, 64))
+    layout["params"][-1] = StoragelessTensor((4, 64))
     assert _fp() != first
