@@ -4,10 +4,10 @@ Per param the work is a few strided views at a full check (no copy where rows ar
 or at a sampled one a gather of its sampled blocks at the phase the plan is run with (the phase
 is a device tensor, so one plan and its captured graph serve every phase); the reads, the
 reference quantization and the comparison run once per batch of params that share a type and
-configuration, so the host cost does not grow with the ops per param. A batch holds at most
-``batch_elements`` elements, set from the memory budget (``verify_weights``): the check's extra
-memory is bounded by that, not by the model. Verdicts stay on the device until one read at the
-end; only a failed batch is compared again param by param, to name the params.
+configuration, so the host cost does not grow with the ops per param. The memory budget
+(``verify_weights``) sizes the batches, so it bounds the check's extra memory, not the model.
+Verdicts stay on the device until one read at the end; only a failed batch is compared again,
+param by param, to name them.
 
 The modules beside it each keep one concern out of the compare loop: ``sampling`` picks the
 blocks, ``batches`` holds and packs the plan, ``probe`` settles once what each batch key may do,
@@ -283,7 +283,8 @@ class ShardCheck:
 
     def _capture(self, replay: bool = True) -> None:
         """Capture every compare of the plan as one CUDA graph and replay it (``replay=False``:
-        right after the first, eager run, whose verdicts stand for this call).
+        after the first, eager run, whose verdicts stand; the replay's go unread: a graph's first
+        launch uploads it, which the job's next call then does not pay).
 
         A reused plan reads the same tensors at the same addresses (``verify_weights`` keeps it
         only while they are unchanged), so its kernels can be replayed instead of launched one by
@@ -320,8 +321,8 @@ class ShardCheck:
             return
         self.graph = graph
         self.graph_verdicts = [(batch, stacked[i]) for i, (batch, _) in enumerate(self.verdicts)]
+        graph.replay()
         if replay:
-            graph.replay()
             self.verdicts = list(self.graph_verdicts)
 
     def finish(self, max_names: int) -> None:
@@ -360,8 +361,7 @@ class ShardCheck:
         self._tally_mismatches(max_names)
 
     def _count_every_phase(self) -> None:
-        """Each slot's compared elements at every phase, on the plan's first run (the train-start
-        warm-up), so that no later check pays for its phase's first visit."""
+        """Every slot's element count at every phase, at the plan's first run (the warm-up)."""
         value = self.phase.value
         for slot in self.slots:
             for phase in range(self.stride):
