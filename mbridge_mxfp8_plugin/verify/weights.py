@@ -289,7 +289,6 @@ _DATA_PTR = torch.Tensor.data_ptr
 #: Per param type, which of those names its class declares (a property, a slot, a class default),
 #: or all of them where it resolves names itself (``__getattr__``).
 _DECLARED: dict[type, frozenset[str]] = {}
-_ABSENT = object()
 
 
 def _declared(kind: type) -> frozenset[str]:
