@@ -5,8 +5,9 @@ What a job sees, call by call, on three paths:
 
 * ``fused``: weights written by TE's rule (the kit's emulated TE cast), checked by the fused
   kernel where its probe accepts the type;
-* ``own``: the same weights with the kernel off (``MXFP8_VERIFY_FUSED=0``): every check goes
-  through the type's own write, as it does for any type the kernel does not match;
+* ``own``: the same weights with the TE-rule kernel off (``MXFP8_VERIFY_FUSED=0``): every check
+  goes through the type's own write, as it does for any type the kernel does not match (the
+  batch gathers stay one kernel each, as they are for such a type);
 * ``other``: weights written by another rule (the one-pass stand-in with unit scales), which the
   kernel refuses: the type's own write again, with another write function.
 

@@ -22,8 +22,11 @@ compares every item's sampled runs with the main shard's, rounded as the gather 
 cast to the param's dtype, and counts the differing elements, where per param a captured check
 made two gathers, a cat and a compare. A flagged batch is attributed on the old path.
 
-On CPU (and where Triton is missing) nothing changes. ``MXFP8_VERIFY_FUSED=0`` turns it off;
-with ``TRITON_INTERPRET=1`` set before Triton is imported it runs on CPU tensors in Triton's
+On CPU (and where Triton is missing) nothing changes. ``MXFP8_VERIFY_FUSED=0`` turns the TE-rule
+judge off: every MXFP8 batch is then judged by the type's own write, as for a type the kernel
+refuses, and the kernels that only move or compare bytes (``GatherLaunch``, ``ValuesLaunch``)
+stay on, as they are for such a type. ``MXFP8_VERIFY_TRITON=0`` turns every kernel here off (the
+eager torch path). With ``TRITON_INTERPRET=1`` set before Triton is imported it runs on CPU tensors in Triton's
 interpreter (the tests do that).
 """
 
@@ -60,17 +63,19 @@ _BLOCKS_PER_PROGRAM = 64
 
 
 def available(device: torch.device) -> bool:
-    """Whether the kernel can run on ``device`` here."""
-    if os.environ.get("MXFP8_VERIFY_FUSED", "1") == "0" or importlib.util.find_spec("triton") is None:
+    """Whether this module's kernels can run on ``device`` here."""
+    if os.environ.get("MXFP8_VERIFY_TRITON", "1") == "0" or importlib.util.find_spec("triton") is None:
         return False
     return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def usable(reader: Reader, round_to: torch.dtype | None, main: torch.Tensor) -> bool:
     """Whether a batch key's layout is one the kernel reads: E4M3 codes, one byte per element,
-    unswizzled scale bytes, and a main shard delivered as bf16 or cast from fp32 directly."""
+    unswizzled scale bytes, and a main shard delivered as bf16 or cast from fp32 directly; and
+    whether the TE-rule judge is on (``MXFP8_VERIFY_FUSED``)."""
     return (
-        reader.scales is not None
+        os.environ.get("MXFP8_VERIFY_FUSED", "1") != "0"
+        and reader.scales is not None
         and reader.element == torch.float8_e4m3fn
         and round_to in (None, torch.bfloat16)
         and main.dtype in (torch.float32, torch.bfloat16)
