@@ -26,8 +26,8 @@ On CPU (and where Triton is missing) nothing changes. ``MXFP8_VERIFY_FUSED=0`` t
 judge off: every MXFP8 batch is then judged by the type's own write, as for a type the kernel
 refuses, and the kernels that only move or compare bytes (``GatherLaunch``, ``ValuesLaunch``)
 stay on, as they are for such a type. ``MXFP8_VERIFY_TRITON=0`` turns every kernel here off (the
-eager torch path). With ``TRITON_INTERPRET=1`` set before Triton is imported it runs on CPU tensors in Triton's
-interpreter (the tests do that).
+eager torch path). With ``TRITON_INTERPRET=1`` set before Triton is imported they run on CPU
+tensors in Triton's interpreter (the tests do that).
 """
 
 from __future__ import annotations
@@ -270,33 +270,45 @@ _GATHER_CASTS = {(torch.float32, torch.float32): False, (torch.bfloat16, torch.b
 
 @dataclass(frozen=True)
 class GatherLaunch:
-    """An own-write batch's gathers as one launch (``_gather_kernel``): the buffers
-    ``batches.main_rows`` and ``batches.got_bytes`` make, at the phase a tensor holds. Its tables
-    are made at plan time, as ``Launch``'s are; the buffers at each call (in a capture: the pool)."""
+    """An own-write batch's gather and compare as one launch each (``_gather_kernel``): the main
+    rows ``batches.main_rows`` makes, at the phase a tensor holds, and the count of the written
+    codes and scale bytes that differ from the param's (what ``batches.got_bytes`` and two
+    compares gave). Its tables are made at plan time, as ``Launch``'s are; the buffers at each
+    call (in a capture: the pool)."""
 
     main: torch.Tensor  # the first item's main shard, codes and scales, as integers of their width
     codes: torch.Tensor
     scales: torch.Tensor
     items: torch.Tensor  # int64, (items, len(GATHER_FIELDS)); a last row of n = 0: the zero rows
-    programs: torch.Tensor  # int32, the item each program copies a chunk of
+    programs: torch.Tensor  # int32, the item each program handles a chunk of
     blocks: int
     rows_dtype: torch.dtype
     round_bf16: bool
 
-    def __call__(self, phase: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The main rows ``(k + pad, 32)``, codes ``(k, 32)`` and scale bytes ``(k,)``."""
+    def __call__(self, phase: torch.Tensor) -> torch.Tensor:
+        """The main rows ``(k + pad, 32)``, rounded as the gather delivers them."""
         from ._gather_kernel import items_kernel
 
         k, device = self.blocks, self.main.device
         rows = torch.empty((k + (-k) % BLOCK, BLOCK), dtype=self.rows_dtype, device=device)
-        codes = torch.empty((k, BLOCK), dtype=torch.uint8, device=device)
-        scales = torch.empty((k,), dtype=torch.uint8, device=device)
         bits = torch.int16 if self.rows_dtype.itemsize == 2 else torch.int32
         items_kernel[(self.programs.numel(),)](
-            self.main, self.codes, self.scales, rows.view(bits), codes, scales, phase, self.items,
-            self.programs, ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM,
+            self.main, rows.view(bits), phase, self.items, self.programs,
+            ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM,
         )  # fmt: skip
-        return rows, codes, scales
+        return rows
+
+    def differing(self, codes: torch.Tensor, scales: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+        """How many of the written ``codes`` ``(k, 32)`` and scale bytes ``(k,)`` (any stride)
+        differ from the param's at ``phase`` (0-d int32, on the device)."""
+        from ._gather_kernel import compare_kernel
+
+        count = torch.zeros((), dtype=torch.int32, device=self.main.device)
+        compare_kernel[(self.programs.numel(),)](
+            self.codes, self.scales, codes.view(torch.uint8), scales.view(torch.uint8), scales.stride(0),
+            count, phase, self.items, self.programs, BLOCKS=_BLOCKS_PER_PROGRAM,
+        )  # fmt: skip
+        return count
 
 
 def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherLaunch | None:

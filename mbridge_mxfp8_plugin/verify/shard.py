@@ -188,17 +188,18 @@ class ShardCheck:
     def _flush_codes(self, batch: Batch) -> None:
         """Codes and scale bytes of the reference against the param's: equal bytes are equal
         values. A batch with differing bytes is compared by value in ``finish`` (a checkpoint
-        load re-quantizes about 5% of blocks to other bytes with the same values). In a capture
-        the batch's gathers are one launch where it has one (``fused.GatherLaunch``)."""
+        load re-quantizes about 5% of blocks to other bytes with the same values). Captured, its
+        gather and compare are a launch each where it has them (``fused.GatherLaunch``)."""
         one = self._launches.get(id(batch)) if self._capturing else None
-        gathered = one(self.phase.tensor(one.main.device)) if isinstance(one, fused.GatherLaunch) else None
-        rows = main_rows(batch) if gathered is None else gathered[0]
-        got_codes, got_scales = (None, None) if gathered is None else gathered[1:]
-        del gathered  # the rows go with ``rows``, right after the write
+        launch = one if isinstance(one, fused.GatherLaunch) else None
+        phase = self.phase.tensor(batch.items[0].main.device)
+        rows = main_rows(batch) if launch is None else launch(phase)
         codes, scales = self.references[batch.key].codes(rows, batch.blocks)
         del rows
-        if got_codes is None or got_scales is None:
-            got_codes, got_scales = got_bytes(batch)
+        if launch is not None:
+            self.verdicts.append((batch, launch.differing(codes, scales, phase)))
+            return
+        got_codes, got_scales = got_bytes(batch)
         self.verdicts.append((batch, _differ(codes, got_codes)))
         self.verdicts.append((batch, torch.ne(scales, got_scales).any()))
 
@@ -262,9 +263,7 @@ class ShardCheck:
     def _capturable(self, ran_eagerly: bool = False) -> bool:
         """On a CUDA device, once the plan's first run has done every compare eagerly (which
         settles what each batch key may do): right after it, so the second call replays."""
-        if self.graph is not None or self.no_graph or not self.reusable:
-            return False
-        if self.runs < 1 and not ran_eagerly:
+        if self.graph is not None or self.no_graph or not self.reusable or not (self.runs or ran_eagerly):
             return False
         if not self.planned or not graphs.on_cuda(self.planned[0].items[0].main):
             return False
@@ -275,8 +274,8 @@ class ShardCheck:
         return not torch.cuda.is_current_stream_capturing()
 
     def _write_paths(self) -> frozenset[Any]:
-        """The plan's batch keys that may fail a capture: its quantized types' (their own write,
-        a host sync in it, is what fails), or every key where it has none."""
+        """The plan's batch keys that may fail a capture (a host sync in a quantized type's own
+        write), or every key where it has none."""
         keys = frozenset(batch.key for batch in self.planned)
         quantized = frozenset(k for k in keys if k[0] or k[4] is not type(None))
         return quantized or keys

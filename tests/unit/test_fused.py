@@ -526,12 +526,13 @@ def _own_batch(stride: int, main_dtype: torch.dtype, round_to: Any) -> tuple[Any
 
 @pytest.mark.parametrize(("main_dtype", "round_to"), [(torch.float32, torch.bfloat16), (torch.float32, None),
                                                       (torch.bfloat16, None)])  # fmt: skip
-def test_an_own_write_batch_is_gathered_by_one_launch_byte_for_byte(
+def test_an_own_write_batch_is_gathered_and_compared_by_one_launch_each(
     monkeypatch: pytest.MonkeyPatch, main_dtype: torch.dtype, round_to: Any
 ) -> None:
-    """The gather launch gives, at every phase, exactly the buffers ``main_rows`` and
-    ``got_bytes`` make (the rounded main rows with their zero rows, the codes and scale bytes):
-    one launch per phase where each item took three gathers."""
+    """At every phase the gather launch gives exactly the rows ``main_rows`` makes (rounded, with
+    their zero rows), and the compare launch counts exactly the written bytes that differ from
+    the param's codes and scale bytes (``got_bytes``): a flipped code, a flipped scale byte read
+    through a strided view (a small instance keeps its scales padded), nothing for equal bytes."""
     from mbridge_mxfp8_plugin.verify import _gather_kernel
     from mbridge_mxfp8_plugin.verify.batches import got_bytes, main_rows
 
@@ -539,20 +540,29 @@ def test_an_own_write_batch_is_gathered_by_one_launch_byte_for_byte(
     batch, phase = _own_batch(stride, main_dtype, round_to)
     one = fused.gather_launch(batch.items, round_to)
     assert one is not None and one.items.shape == (len(batch.items) + 1, len(fused.GATHER_FIELDS))
-    launches = _Launches(_gather_kernel.items_kernel)
-    monkeypatch.setattr(_gather_kernel, "items_kernel", launches)
+    gathers = _Launches(_gather_kernel.items_kernel)
+    compares = _Launches(_gather_kernel.compare_kernel)
+    monkeypatch.setattr(_gather_kernel, "items_kernel", gathers)
+    monkeypatch.setattr(_gather_kernel, "compare_kernel", compares)
     bits = torch.int16 if (round_to or main_dtype).itemsize == 2 else torch.int32
     for offset in range(stride):
         phase.set(offset)
         phase.begin()
         want_rows = main_rows(batch)
-        want_codes, want_scales = got_bytes(batch)
-        rows, codes, scales = one(phase.tensor(torch.device("cpu")))
+        codes, scales = got_bytes(batch)
+        at = phase.tensor(torch.device("cpu"))
+        rows = one(at)
         assert rows.dtype == want_rows.dtype and rows.shape == want_rows.shape
         assert torch.equal(rows.view(bits), want_rows.view(bits)), offset
-        assert torch.equal(codes, want_codes.view(torch.uint8)), offset
-        assert torch.equal(scales, want_scales.view(torch.uint8)), offset
-    assert launches.count == stride
+        written = codes.view(torch.uint8).clone()
+        padded = torch.zeros((scales.numel(), 4), dtype=torch.uint8)
+        padded[:, 0] = scales.view(torch.uint8)
+        assert int(one.differing(written, padded[:, 0], at)) == 0, offset
+        written[offset, offset] ^= 1
+        written[-1, -1] ^= 0x80
+        padded[offset + 2, 0] ^= 4
+        assert int(one.differing(written, padded[:, 0], at)) == 3, offset
+    assert gathers.count == stride and compares.count == 2 * stride
 
 
 def test_own_write_batches_the_gather_does_not_read_keep_the_gathers() -> None:

@@ -259,13 +259,14 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
         assert [b.key in check.fused for b in check.planned] == [True, False]
         assert len(check.planned[0].items) == 2
         want = {"items_kernel": 3 * stride, "kernel": 0, "values_kernel": 3 * stride, "gathers": 0,
-                "gather_kernel": 0, "byte_gathers": 0}  # fmt: skip
+                "gather_kernel": 0, "compare_kernel": 0, "byte_gathers": 0}  # fmt: skip
         assert launches == want, launches  # one of each per replay
-    elif fused_on == "own":  # the own-write batch's gathers: one launch per replay, no index_select
+    elif fused_on == "own":  # the own-write batch: a gather and a compare launch per replay, no
+        # index_select (the param's codes and scale bytes are read where they lie)
         assert [b.key in check.fused for b in check.planned] == [False, False]
         assert len(check.planned[0].items) == 2
         want = {"items_kernel": 0, "kernel": 0, "values_kernel": 3 * stride, "gathers": 0,
-                "gather_kernel": 3 * stride, "byte_gathers": 0}  # fmt: skip
+                "gather_kernel": 3 * stride, "compare_kernel": 3 * stride, "byte_gathers": 0}  # fmt: skip
         assert launches == want, launches
     else:  # per replay a gather of each param's main shard and one of the bf16 param's values
         assert launches["gathers"] == (3 + 1) * 3 * stride, launches
@@ -277,7 +278,7 @@ def _count_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     from mbridge_mxfp8_plugin.verify import _te_rule_kernel
 
     counts = {"items_kernel": 0, "kernel": 0, "values_kernel": 0, "gathers": 0}
-    counts.update(gather_kernel=0, byte_gathers=0)
+    counts.update(gather_kernel=0, compare_kernel=0, byte_gathers=0)
 
     class Counted:
         def __init__(self, name: str, module: Any, attr: str) -> None:
@@ -298,6 +299,8 @@ def _count_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
         gather = Counted("gather_kernel", _gather_kernel, "items_kernel")
         monkeypatch.setattr(_gather_kernel, "items_kernel", gather)
+        compare = Counted("compare_kernel", _gather_kernel, "compare_kernel")
+        monkeypatch.setattr(_gather_kernel, "compare_kernel", compare)
     select = torch.Tensor.index_select
 
     def index_select(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
