@@ -9,8 +9,8 @@ time. Here a batch is two launches around the write: ``_gather_items`` copies th
 ``_compare_items`` counts the written bytes that differ from the param's, reading the param's
 codes and scales where they lie (no gathered copy: on a full check of the one-pass stand-in
 the copy was a quarter of the gather's traffic, and it was alive during the write). Program
-``p`` handles ``BLOCKS`` sampled blocks of item ``programs[p]`` (its row of ``items``,
-``fused.GATHER_FIELDS``) at the phase its tensor holds, picking indices as
+``p`` handles ``BLOCKS`` sampled blocks of the item whose row of ``items`` it finds by its first
+program (``fused.GATHER_FIELDS``) at the phase its tensor holds, picking indices as
 ``sampling.Phase.local`` does (past the phase's last block, the one before it); its blocks are
 rows ``out ..`` of the batch's buffers. A row with ``n == 0`` writes zero main rows (the tile's
 padding) and compares nothing.
@@ -24,13 +24,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._program_rows import program_row
+
 
 @triton.jit
-def _sampled(phase_ptr, items_ptr, programs_ptr, BLOCKS: tl.constexpr):  # noqa: N803
+def _sampled(phase_ptr, items_ptr, rows, BLOCKS: tl.constexpr, ROWS: tl.constexpr):  # noqa: N803
     """Program ``p``'s item row and blocks: its global block ids ``g``, output rows ``out + b``,
     which are the batch's (``live``) and which are real blocks (``real``, not tile padding)."""
     p = tl.program_id(0)
-    row = items_ptr + tl.load(programs_ptr + p).to(tl.int64) * 13
+    row = program_row(items_ptr, rows, p, 13, 3, ROWS)
     chunk = p - tl.load(row + 3)
     out = tl.load(row + 4)
     start, lo, count = tl.load(row + 5), tl.load(row + 6), tl.load(row + 7)
@@ -49,11 +51,12 @@ def _gather_items(
     rows_ptr,
     phase_ptr,
     items_ptr,
-    programs_ptr,
+    rows,
     ROUND_BF16: tl.constexpr,  # noqa: N803 - Triton's constexpr convention
     BLOCKS: tl.constexpr,  # noqa: N803
+    ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.rows_bound(rows)``
 ):
-    row, g, dst_row, live, real = _sampled(phase_ptr, items_ptr, programs_ptr, BLOCKS)
+    row, g, dst_row, live, real = _sampled(phase_ptr, items_ptr, rows, BLOCKS, ROWS)
     main = main_ptr + tl.load(row)  # element i of the item's param at main[i]
     lane = tl.arange(0, 32)
     at = (g * 32)[:, None] + lane[None, :]
@@ -78,10 +81,11 @@ def _compare_items(
     count_ptr,
     phase_ptr,
     items_ptr,
-    programs_ptr,
+    rows,
     BLOCKS: tl.constexpr,  # noqa: N803
+    ROWS: tl.constexpr,  # noqa: N803
 ):
-    row, g, out, _, real = _sampled(phase_ptr, items_ptr, programs_ptr, BLOCKS)
+    row, g, out, _, real = _sampled(phase_ptr, items_ptr, rows, BLOCKS, ROWS)
     codes = codes_ptr + tl.load(row + 1)  # element i of the item's param at codes[i]
     scales = scales_ptr + tl.load(row + 2)
     per_row, scale_cols = tl.load(row + 11), tl.load(row + 12)

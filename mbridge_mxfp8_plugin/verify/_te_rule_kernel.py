@@ -20,6 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._program_rows import program_row
+
 
 def _te_cast_compare(
     main_ptr,
@@ -61,18 +63,20 @@ def _te_cast_compare_items(
     flag,
     phase_ptr,
     items_ptr,
-    programs_ptr,
+    rows,
     rcp,
     ROUND_BF16: tl.constexpr,  # noqa: N803
     BLOCKS: tl.constexpr,  # noqa: N803
     OFF_DIV: tl.constexpr,  # noqa: N803 - main and codes offsets are stored divided by it
     LAST_DIV: tl.constexpr,  # noqa: N803
+    ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.rows_bound(rows)``
 ):
-    # A batch's items in one launch: program p compares chunk ``p - first`` of item
-    # ``programs[p]``, whose row of ``items`` (``fused.ITEM_FIELDS``) holds its offsets from the
-    # first item's tensors (main and codes in elements, scales in bytes) and its geometry.
+    # A batch's items in one launch: program p compares chunk ``p - first`` of the item whose
+    # row of ``items`` (``fused.ITEM_FIELDS``) it finds by its first program; the row holds its
+    # offsets from the first item's tensors (main and codes in elements, scales in bytes) and
+    # its geometry.
     p = tl.program_id(0)
-    row = items_ptr + tl.load(programs_ptr + p).to(tl.int64) * 13
+    row = program_row(items_ptr, rows, p, 13, 3, ROWS)
     main = main_ptr + tl.load(row) * OFF_DIV
     codes = codes_ptr + tl.load(row + 1) * OFF_DIV
     scales = scales_ptr + tl.load(row + 2)

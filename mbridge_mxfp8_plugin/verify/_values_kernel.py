@@ -4,8 +4,8 @@ Plain (bf16, fp16, fp32) params hold their values: the shard check compares them
 shard's values as the gather delivers them (rounded to the buffer's dtype where it is one) cast
 to the param's dtype (``batches.sides``). Captured per param, that was two gathers, a cat and
 the compare: ~120 launches for 60 bias params, most of a sampled check's GPU time. Here a whole
-batch is one launch: program ``p`` compares ``BLOCKS`` sampled 32-element runs of item
-``programs[p]`` (its row of ``items``, ``fused.VALUE_FIELDS``: offsets from the first item's
+batch is one launch: program ``p`` compares ``BLOCKS`` sampled 32-element runs of the item whose
+row of ``items`` it finds by its first program (``fused.VALUE_FIELDS``: offsets from the first item's
 param and main tensors, its ``Blocks.kernel_args`` and its short tail run), the sampled phase
 read from a tensor as in :mod:`._te_rule_kernel`, and adds the differing elements to
 ``flags[flag]``.
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ._program_rows import program_row
 
 #: Rounding codes of ``ROUND`` and ``CAST``: none (fp32, or what is already in the dtype), bf16, fp16.
 NONE, BF16, FP16 = 0, 1, 2
@@ -96,7 +98,7 @@ def _values_items(
     flag,
     phase_ptr,
     items_ptr,
-    programs_ptr,
+    rows,
     atol,
     ROUND: tl.constexpr,  # noqa: N803 - the main's rounding to the gather's dtype (NONE, BF16, FP16)
     CAST: tl.constexpr,  # noqa: N803 - then to the param's dtype
@@ -105,9 +107,10 @@ def _values_items(
     OFF_DIV: tl.constexpr,  # noqa: N803 - the runs' offsets are stored divided by it
     GOT_BF16: tl.constexpr,  # noqa: N803 - the param's values are bf16
     MAIN_BF16: tl.constexpr,  # noqa: N803 - the main shard is
+    ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.rows_bound(rows)``
 ):
     p = tl.program_id(0)
-    row = items_ptr + tl.load(programs_ptr + p).to(tl.int64) * 12
+    row = program_row(items_ptr, rows, p, 12, 2, ROWS)
     got = got_ptr + tl.load(row) * OFF_DIV  # the item's run 0, in the param and in the main shard
     main = main_ptr + tl.load(row + 1) * OFF_DIV
     chunk = p - tl.load(row + 2)

@@ -48,6 +48,7 @@ __all__ = [
     "VALUE_FIELDS",
     "GatherLaunch",
     "Launch",
+    "Segment",
     "ValuesLaunch",
     "available",
     "compare",
@@ -115,6 +116,36 @@ def compare(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Up to ``_program_rows.MAX_ROWS`` items of a batch's table, on the device: one launch of
+    ``programs`` programs, each finding its item's row by the row's first program (counted from
+    0 in each segment)."""
+
+    items: torch.Tensor  # int64, (rows, fields)
+    rows: int
+    programs: int
+    bound: int  # the kernel's ROWS
+
+    @property
+    def grid(self) -> tuple[int]:
+        return (self.programs,)
+
+
+def _segments(table: torch.Tensor, chunks: list[int], field: int, device: Any) -> tuple[Segment, ...]:
+    """``table``'s rows (first programs in column ``field``, ``chunks`` programs each) as segments
+    a kernel can search; made at plan time, one host-to-device copy each."""
+    from ._program_rows import MAX_ROWS, rows_bound
+
+    out = []
+    for lo in range(0, table.shape[0], MAX_ROWS):
+        part = table[lo : lo + MAX_ROWS].clone()
+        part[:, field] -= int(part[0, field])
+        rows = part.shape[0]
+        out.append(Segment(part.to(device), rows, sum(chunks[lo : lo + MAX_ROWS]), rows_bound(rows)))
+    return tuple(out)
+
+
 #: A row of a batch's item table, in the order the kernel reads it (``_te_cast_compare_items``):
 #: offsets from the first item's main shard and codes (elements, divided by the launch's
 #: ``off_div``) and scales (bytes), the item's first program, then its ``Blocks.kernel_args``,
@@ -134,8 +165,7 @@ class Launch:
     main: torch.Tensor  # the first item's: every address is an offset from these
     codes: torch.Tensor
     scales: torch.Tensor
-    items: torch.Tensor  # int64, (items, len(ITEM_FIELDS))
-    programs: torch.Tensor  # int32, the item each program compares a chunk of
+    segments: tuple[Segment, ...]  # the item table (``ITEM_FIELDS``)
     off_div: int
     last_div: int
     round_bf16: bool
@@ -145,11 +175,12 @@ class Launch:
         allocation, no host sync: capturable."""
         from ._te_rule_kernel import items_kernel
 
-        items_kernel[(self.programs.numel(),)](
-            self.main, self.codes, self.scales, flags, flag, phase, self.items, self.programs, _MAX_NORM_RCP,
-            ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, OFF_DIV=self.off_div,
-            LAST_DIV=self.last_div,
-        )  # fmt: skip
+        for seg in self.segments:
+            items_kernel[seg.grid](
+                self.main, self.codes, self.scales, flags, flag, phase, seg.items, seg.rows, _MAX_NORM_RCP,
+                ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, OFF_DIV=self.off_div,
+                LAST_DIV=self.last_div, ROWS=seg.bound,
+            )  # fmt: skip
 
 
 def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
@@ -160,15 +191,17 @@ def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
     assert first.reader.scales is not None
     tensors = (first.main, first.reader.flat, first.reader.scales)
     rows: list[list[int]] = []
-    programs: list[int] = []
+    chunks: list[int] = []  # programs per row
+    programs = 0
     for it in items:
         offsets = _offsets(zip((it.main, it.reader.flat, it.reader.scales), tensors, strict=True))
         if offsets is None:
             return None
         start, lo, count, n, mod, step = it.blocks.kernel_args()
-        rows.append([offsets[0] - it.start, *offsets[1:], len(programs), start, lo, count, n, mod, step,
+        rows.append([offsets[0] - it.start, *offsets[1:], programs, start, lo, count, n, mod, step,
                      it.blocks.last, it.blocks.per_row, it.reader.scale_cols])  # fmt: skip
-        programs += [len(rows) - 1] * -(-count // _BLOCKS_PER_PROGRAM)
+        chunks.append(-(-count // _BLOCKS_PER_PROGRAM))
+        programs += chunks[-1]
     if not programs:
         return None
     table = torch.tensor(rows, dtype=torch.int64)
@@ -176,9 +209,8 @@ def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
     last_div = BLOCK if bool((table[:, 10] % BLOCK == 0).all()) else 1
     table[:, :2] //= off_div
     table[:, 10] //= last_div
-    device = first.main.device
-    programs_t = torch.tensor(programs, dtype=torch.int32, device=device)
-    return Launch(*tensors, table.to(device), programs_t, off_div, last_div, round_bf16)
+    segments = _segments(table, chunks, ITEM_FIELDS.index("program"), first.main.device)
+    return Launch(*tensors, segments, off_div, last_div, round_bf16)
 
 
 #: A row of a values batch's item table (``_values_kernel``): offsets of the item's run 0 from the
@@ -200,8 +232,7 @@ class ValuesLaunch:
 
     got: torch.Tensor  # the first item's param values and main shard: offsets are from these
     main: torch.Tensor
-    items: torch.Tensor  # int64, (items, len(VALUE_FIELDS))
-    programs: torch.Tensor  # int32, the item each program compares a chunk of
+    segments: tuple[Segment, ...]  # the item table (``VALUE_FIELDS``)
     off_div: int
     round_to: int
     cast: int
@@ -212,12 +243,13 @@ class ValuesLaunch:
         No allocation, no host sync: capturable."""
         from ._values_kernel import items_kernel
 
-        items_kernel[(self.programs.numel(),)](
-            self.got, self.main, flags, flag, phase, self.items, self.programs, self.atol,
-            ROUND=self.round_to, CAST=self.cast, ATOL=bool(self.atol), BLOCKS=_BLOCKS_PER_PROGRAM,
-            OFF_DIV=self.off_div, GOT_BF16=self.got.dtype == torch.bfloat16,
-            MAIN_BF16=self.main.dtype == torch.bfloat16,
-        )  # fmt: skip
+        for seg in self.segments:
+            items_kernel[seg.grid](
+                self.got, self.main, flags, flag, phase, seg.items, seg.rows, self.atol,
+                ROUND=self.round_to, CAST=self.cast, ATOL=bool(self.atol), BLOCKS=_BLOCKS_PER_PROGRAM,
+                OFF_DIV=self.off_div, GOT_BF16=self.got.dtype == torch.bfloat16,
+                MAIN_BF16=self.main.dtype == torch.bfloat16, ROWS=seg.bound,
+            )  # fmt: skip
 
 
 def values_launch(
@@ -233,7 +265,8 @@ def values_launch(
     if got0.dtype != dtype or got0.device != main0.device or not available(got0.device):
         return None
     rows: list[list[int]] = []
-    programs: list[int] = []
+    chunks: list[int] = []  # programs per row
+    programs = 0
     for it in items:
         if it.reader.scales is not None or it.mxfp8_codes or not it.blocks.aligned:
             return None
@@ -245,17 +278,18 @@ def values_launch(
             return None
         got, main, tail_got, tail_main = offsets if it.tail is not None else [*offsets, 0, 0]
         origin = it.blocks.origin  # run g of the item: param elements origin + 32 g ..
-        rows.append([got + origin, main + origin - it.start, len(programs), *it.blocks.kernel_args(),
+        rows.append([got + origin, main + origin - it.start, programs, *it.blocks.kernel_args(),
                      tail_got, tail_main, tail])  # fmt: skip
-        programs += [len(rows) - 1] * max(-(-it.blocks.count // _BLOCKS_PER_PROGRAM), int(tail > 0))
+        chunks.append(max(-(-it.blocks.count // _BLOCKS_PER_PROGRAM), int(tail > 0)))
+        programs += chunks[-1]
     if not programs:
         return None
     table = torch.tensor(rows, dtype=torch.int64)
     off_div = 16 if bool((table[:, :2] % 16 == 0).all()) else 1
     table[:, :2] //= off_div
-    programs_t = torch.tensor(programs, dtype=torch.int32, device=got0.device)
+    segments = _segments(table, chunks, VALUE_FIELDS.index("program"), got0.device)
     rounds = _ROUNDING[round_to], _ROUNDING[dtype]
-    return ValuesLaunch(got0, main0, table.to(got0.device), programs_t, off_div, *rounds, atol)
+    return ValuesLaunch(got0, main0, segments, off_div, *rounds, atol)
 
 
 #: A row of an own-write batch's gather table (``_gather_kernel``): offsets from the first item's
@@ -279,8 +313,7 @@ class GatherLaunch:
     main: torch.Tensor  # the first item's main shard, codes and scales, as integers of their width
     codes: torch.Tensor
     scales: torch.Tensor
-    items: torch.Tensor  # int64, (items, len(GATHER_FIELDS)); a last row of n = 0: the zero rows
-    programs: torch.Tensor  # int32, the item each program handles a chunk of
+    segments: tuple[Segment, ...]  # the item table (``GATHER_FIELDS``); a last row of n = 0: the zero rows
     blocks: int
     rows_dtype: torch.dtype
     round_bf16: bool
@@ -292,10 +325,11 @@ class GatherLaunch:
         k, device = self.blocks, self.main.device
         rows = torch.empty((k + (-k) % BLOCK, BLOCK), dtype=self.rows_dtype, device=device)
         bits = torch.int16 if self.rows_dtype.itemsize == 2 else torch.int32
-        items_kernel[(self.programs.numel(),)](
-            self.main, rows.view(bits), phase, self.items, self.programs,
-            ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM,
-        )  # fmt: skip
+        for seg in self.segments:
+            items_kernel[seg.grid](
+                self.main, rows.view(bits), phase, seg.items, seg.rows,
+                ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, ROWS=seg.bound,
+            )  # fmt: skip
         return rows
 
     def differing(self, codes: torch.Tensor, scales: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
@@ -304,10 +338,11 @@ class GatherLaunch:
         from ._gather_kernel import compare_kernel
 
         count = torch.zeros((), dtype=torch.int32, device=self.main.device)
-        compare_kernel[(self.programs.numel(),)](
-            self.codes, self.scales, codes.view(torch.uint8), scales.view(torch.uint8), scales.stride(0),
-            count, phase, self.items, self.programs, BLOCKS=_BLOCKS_PER_PROGRAM,
-        )  # fmt: skip
+        for seg in self.segments:
+            compare_kernel[seg.grid](
+                self.codes, self.scales, codes.view(torch.uint8), scales.view(torch.uint8), scales.stride(0),
+                count, phase, seg.items, seg.rows, BLOCKS=_BLOCKS_PER_PROGRAM, ROWS=seg.bound,
+            )  # fmt: skip
         return count
 
 
@@ -323,7 +358,8 @@ def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherL
     if codes0.device != main0.device or scales0.device != main0.device or not available(main0.device):
         return None
     rows: list[list[int]] = []
-    programs: list[int] = []
+    chunks: list[int] = []  # programs per row
+    programs = 0
     out = 0
     for it in items:
         if not it.mxfp8_codes or not it.blocks.aligned or it.tail is not None:
@@ -332,21 +368,21 @@ def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherL
         if offsets is None:
             return None
         main, codes, scales = offsets
-        rows.append([main - it.start, codes, scales, len(programs), out, *it.blocks.kernel_args(),
+        rows.append([main - it.start, codes, scales, programs, out, *it.blocks.kernel_args(),
                      it.blocks.per_row, it.reader.scale_cols])  # fmt: skip
-        programs += [len(rows) - 1] * -(-it.blocks.count // _BLOCKS_PER_PROGRAM)
+        chunks.append(-(-it.blocks.count // _BLOCKS_PER_PROGRAM))
+        programs += chunks[-1]
         out += it.blocks.count
     if not programs:
         return None
     if out % BLOCK:  # the zero rows up to whole 32-row tiles
-        rows.append([0, 0, 0, len(programs), out, 0, 0, (-out) % BLOCK, 0, 1, 1, 1, 1])
-        programs.append(len(rows) - 1)
+        rows.append([0, 0, 0, programs, out, 0, 0, (-out) % BLOCK, 0, 1, 1, 1, 1])
+        chunks.append(1)
     bits = torch.int16 if main0.dtype.itemsize == 2 else torch.int32
-    device = main0.device
-    table = torch.tensor(rows, dtype=torch.int64, device=device)
-    programs_t = torch.tensor(programs, dtype=torch.int32, device=device)
+    table = torch.tensor(rows, dtype=torch.int64)
+    segments = _segments(table, chunks, GATHER_FIELDS.index("program"), main0.device)
     rows_dtype = round_to or main0.dtype
-    return GatherLaunch(main0.view(bits), codes0, scales0, table, programs_t, out, rows_dtype, cast)
+    return GatherLaunch(main0.view(bits), codes0, scales0, segments, out, rows_dtype, cast)
 
 
 def _offsets(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[int] | None:

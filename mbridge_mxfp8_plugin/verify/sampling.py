@@ -135,9 +135,13 @@ class Phase:
                 tensor.fill_(value)
 
     def reserve(self, device: torch.device, count: int) -> None:
-        """Make the phase tensor and a ramp of at least ``count`` indices on ``device`` (plan time)."""
+        """Make the phase tensor and a ramp of at least ``count`` indices on ``device`` (plan time).
+        A plan of one phase (``stride`` 1) needs no ramp: nothing computes indices from it (a
+        full check's would hold 8 bytes per block of its largest batch, about 2 MiB)."""
         if device not in self._tensors:
             self._tensors[device] = torch.full((), self.value, dtype=torch.int64, device=device)
+        if self.stride == 1:
+            return
         ramp = self._ramps.get(device)
         if ramp is None or ramp.numel() < count:
             self._ramps[device] = torch.arange(

@@ -238,16 +238,20 @@ def _batch_items(stride: int, phase: Any) -> tuple[list[Any], list[torch.Tensor]
     return items, codes
 
 
-@pytest.mark.parametrize("rounding", [True, False])
+@pytest.mark.parametrize(("rounding", "max_rows"), [(True, None), (False, None), (True, 2)])
 def test_a_batch_is_one_launch_with_the_verdicts_of_a_launch_per_item(
-    monkeypatch: pytest.MonkeyPatch, rounding: bool
+    monkeypatch: pytest.MonkeyPatch, rounding: bool, max_rows: int | None
 ) -> None:
     """Issue 32: a batch's items (other shapes, ragged rows, other shard starts and tensors) are
     compared by one launch whose count at every phase is what one launch per item adds up to;
-    a code byte changed in one block of the third item is found at that block's phases only."""
-    from mbridge_mxfp8_plugin.verify import _te_rule_kernel
+    a code byte changed in one block of the third item is found at that block's phases only.
+    A table longer than a kernel searches (``max_rows``) is a launch per segment, each program
+    finding its item in its own (their first programs counted from 0 again)."""
+    from mbridge_mxfp8_plugin.verify import _program_rows, _te_rule_kernel
     from mbridge_mxfp8_plugin.verify.sampling import Phase, mxfp8_blocks
 
+    if max_rows is not None:
+        monkeypatch.setattr(_program_rows, "MAX_ROWS", max_rows)
     stride = 4
     phase = Phase(stride)
     items, codes = _batch_items(stride, phase)
@@ -255,7 +259,9 @@ def test_a_batch_is_one_launch_with_the_verdicts_of_a_launch_per_item(
     tensor = phase.tensor(torch.device("cpu"))
     one = fused.launch(items, rounding)
     assert one is not None and one.off_div == 1 and one.last_div == 1
-    assert one.items.shape == (len(items), len(fused.ITEM_FIELDS)) == (5, 13)  # 13: what the kernel reads
+    shapes = [s.items.shape for s in one.segments]
+    assert shapes == ([(2, 13)] * 2 + [(1, 13)] if max_rows else [(len(items), len(fused.ITEM_FIELDS))])
+    assert [int(s.items[0, 3]) for s in one.segments] == [0] * len(shapes)  # 13 fields: what it reads
     third = items[3]  # the third param (the first is two items)
 
     def sampled(offset: int) -> set[int]:  # the third param's sampled block ids at a phase
@@ -280,7 +286,7 @@ def test_a_batch_is_one_launch_with_the_verdicts_of_a_launch_per_item(
         assert int(flags[1]) == int(each[0]), offset
         if rounding:  # what TE's rule wrote: only the changed byte differs, at its phase
             assert int(flags[1]) == (offset == 2), offset
-    assert items_kernel.count == stride  # one launch per batch and phase ...
+    assert items_kernel.count == stride * len(shapes)  # one launch per batch and phase ...
     assert per_item.count == stride * len(items)  # ... where a launch per item made five
 
 
@@ -375,7 +381,8 @@ def _today(batch: Any, value: int, atol: float) -> int:
 
 def _kernel(batch: Any, phase: Any, atol: float) -> int:
     one = fused.values_launch(batch.items, batch.round_to, batch.param.dtype, atol)
-    assert one is not None and one.items.shape == (len(batch.items), len(fused.VALUE_FIELDS))
+    assert one is not None
+    assert [s.items.shape for s in one.segments] == [(len(batch.items), len(fused.VALUE_FIELDS))]
     flags = torch.zeros(3, dtype=torch.int32)
     one(flags, 1, phase.tensor(torch.device("cpu")))
     assert flags[0] == 0 and flags[2] == 0  # only its own counter is written
@@ -539,7 +546,8 @@ def test_an_own_write_batch_is_gathered_and_compared_by_one_launch_each(
     stride = 4
     batch, phase = _own_batch(stride, main_dtype, round_to)
     one = fused.gather_launch(batch.items, round_to)
-    assert one is not None and one.items.shape == (len(batch.items) + 1, len(fused.GATHER_FIELDS))
+    assert one is not None
+    assert [s.items.shape for s in one.segments] == [(len(batch.items) + 1, len(fused.GATHER_FIELDS))]
     gathers = _Launches(_gather_kernel.items_kernel)
     compares = _Launches(_gather_kernel.compare_kernel)
     monkeypatch.setattr(_gather_kernel, "items_kernel", gathers)

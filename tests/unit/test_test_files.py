@@ -43,6 +43,7 @@ PRIVATE = {
     "probes._summary": "probes.fields",  # test_fields.py's summary-cache tests
     "testing._registry": "testing.emulated_mxfp8",  # test_emulated_mxfp8.py's registration test
     "verify._gather_kernel": "verify.fused",  # the own-write batches' gathers (fused.GatherLaunch)
+    "verify._program_rows": "verify.fused",  # a program's item row (every launch's segments)
     "verify._te_rule_kernel": "verify.fused",  # the Triton kernel behind fused.py
     "verify._values_kernel": "verify.fused",  # the values batches' Triton kernel (fused.ValuesLaunch)
 }
