@@ -8,7 +8,7 @@ flagged batch into parts the type's own write can judge within the budget.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +16,9 @@ import torch
 
 from .read import BLOCK, Blocks, Reader, decode
 from .reference import Reference, make_reference
+from .report import WeightReport
 
-__all__ = ["Batch", "Item", "Owned", "Slot", "at_phase", "pack", "split"]
+__all__ = ["Batch", "Item", "Owned", "Slot", "at_phase", "bytes_differ", "count_slots", "pack", "split"]
 
 
 @dataclass
@@ -230,3 +231,24 @@ def got_bytes(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     torch.cat([it.got() for it in items], out=codes)
     torch.cat([it.scales() for it in items], out=scales)
     return codes, scales
+
+
+def bytes_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Whether any byte differs (0-d, on the device): 8 bytes per compare where the layout lets."""
+    try:
+        a, b = a.view(torch.int64), b.view(torch.int64)
+    except RuntimeError:
+        pass
+    return torch.ne(a, b).any()
+
+
+def count_slots(slots: Iterable[Slot], phase: int, report: WeightReport) -> None:
+    """Each slot into ``report``: compared (its elements at sampled ``phase``) or unchecked."""
+    for slot in slots:
+        if slot.unchecked:
+            report.add_unchecked(slot.name, slot.unchecked, slot.mxfp8_type)
+            continue
+        report.params_checked += 1
+        report.mxfp8_checked += bool(slot.mxfp8_type)
+        report.elements_checked += slot.covered(phase)
+        report.elements_skipped += slot.skipped

@@ -132,3 +132,17 @@ class WeightReport:
 
     def count_path(self, path: str, params: int = 1) -> None:
         self.reference_paths[path] = self.reference_paths.get(path, 0) + params
+
+    def add_checked(self, tally: WeightReport) -> None:
+        """Add what ``tally`` counted as compared and as unchecked: a replayed plan keeps one
+        per phase (the same params, blocks and paths at every replay of it), which costs less
+        than counting its params again at every check."""
+        self.params_checked += tally.params_checked
+        self.mxfp8_checked += tally.mxfp8_checked
+        self.elements_checked += tally.elements_checked
+        self.elements_skipped += tally.elements_skipped
+        self.unchecked.extend(tally.unchecked)
+        self.mxfp8_unchecked += tally.mxfp8_unchecked
+        self.unchecked_types.extend(t for t in tally.unchecked_types if t not in self.unchecked_types)
+        for path, params in tally.reference_paths.items():
+            self.count_path(path, params)

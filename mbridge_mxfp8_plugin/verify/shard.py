@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import fused, graphs
+from . import batches, fused, graphs
 from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, pack, sides, split
 from .probe import Probed, Refused, why_type
 from .read import BLOCK, Reader, decode
@@ -77,7 +77,9 @@ class ShardCheck:
         self.reusable = True  # False once a compare was refused (the plan is not kept)
         self.runs = 0  # finished calls of this plan
         self.graph: Any = None  # the compares captured as one CUDA graph (see ``_capture``)
-        self.graph_verdicts: list[tuple[Batch, torch.Tensor]] = []
+        self.graph_verdicts: list[tuple[Batch, torch.Tensor]] = []  # never appended to: shared
+        self.graph_stacked: torch.Tensor | None = None  # the graph's verdicts, one tensor
+        self._tallies: dict[int, WeightReport] = {}  # phase -> what a replay of it checks
         self.no_graph = ""  # why the compares are not replayed from a graph
         self._capturing = False
         self._eager: dict[tuple[int, int], Batch] = {}  # (batch, phase) -> its blocks at that phase
@@ -200,7 +202,7 @@ class ShardCheck:
             self.verdicts.append((batch, launch.differing(codes, scales, phase)))
             return
         got_codes, got_scales = got_bytes(batch)
-        self.verdicts.append((batch, _differ(codes, got_codes)))
+        self.verdicts.append((batch, batches.bytes_differ(codes, got_codes)))
         self.verdicts.append((batch, torch.ne(scales, got_scales).any()))
 
     def _compare(self, batch: Batch) -> None:
@@ -318,11 +320,11 @@ class ShardCheck:
             if replay:
                 self._run_eager()
             return
-        self.graph = graph
+        self.graph, self.graph_stacked = graph, stacked
         self.graph_verdicts = [(batch, stacked[i]) for i, (batch, _) in enumerate(self.verdicts)]
         graph.replay()
         if replay:
-            self.verdicts = list(self.graph_verdicts)
+            self.verdicts = self.graph_verdicts
 
     def finish(self, max_names: int) -> None:
         """Flush what is left, read every batch's verdict in one transfer, attribute the
@@ -333,7 +335,7 @@ class ShardCheck:
         self._plan_launches()
         if self.graph is not None:
             self.graph.replay()
-            self.verdicts = list(self.graph_verdicts)
+            self.verdicts = self.graph_verdicts
         elif self._capturable():
             self._capture()
         else:
@@ -348,7 +350,9 @@ class ShardCheck:
         for reference in self.references.values():
             reference.release()
         # The verdicts are queued on the device; the host counts meanwhile, then reads them once.
-        stacked = torch.stack([d for _, d in self.verdicts]) if self.verdicts else None
+        stacked = self.graph_stacked if self.verdicts is self.graph_verdicts else None
+        if stacked is None and self.verdicts:
+            stacked = torch.stack([d for _, d in self.verdicts])
         self._tally_checked()
         if stacked is not None:
             failed = stacked.tolist()
@@ -416,16 +420,19 @@ class ShardCheck:
             slot.worst = max(slot.worst, float(diff.nan_to_num(nan=float("inf")).max()))
 
     def _tally_checked(self) -> None:
-        """What was checked and how (independent of the verdicts)."""
-        report = self.report
-        for slot in self.slots:
-            if slot.unchecked:
-                report.add_unchecked(slot.name, slot.unchecked, slot.mxfp8_type)
-                continue
-            report.params_checked += 1
-            report.mxfp8_checked += bool(slot.mxfp8_type)
-            report.elements_checked += slot.covered(self.phase.value)
-            report.elements_skipped += slot.skipped
+        """What was checked and how (independent of the verdicts): counted once per phase where
+        the graph replays (the same params, blocks and paths every time)."""
+        replayed = self.verdicts is self.graph_verdicts
+        report = self._tallies.get(self.phase.value) if replayed else None
+        if report is None:
+            report = WeightReport(event="")
+            batches.count_slots(self.slots, self.phase.value, report)
+            self._count_paths(report)
+            if replayed:
+                self._tallies[self.phase.value] = report
+        self.report.add_checked(report)
+
+    def _count_paths(self, report: WeightReport) -> None:
         for key, reference in self.references.items():
             params = {s for b, _ in self.verdicts if b.key == key for s in (it.slot for it in b.items)}
             count = len(params) + self.empty.get(key, 0)
@@ -438,12 +445,3 @@ class ShardCheck:
             self.report.shard_mismatch_count += 1
             if len(self.report.shard_mismatches) < max_names:
                 self.report.shard_mismatches.append(ParamMismatch(slot.name, slot.worst, slot.differing))
-
-
-def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Whether any byte differs (0-d, on the device): 8 bytes per compare where the layout lets."""
-    try:
-        a, b = a.view(torch.int64), b.view(torch.int64)
-    except RuntimeError:
-        pass
-    return torch.ne(a, b).any()
