@@ -54,7 +54,7 @@ def _gather_items(
     rows,
     ROUND_BF16: tl.constexpr,  # noqa: N803 - Triton's constexpr convention
     BLOCKS: tl.constexpr,  # noqa: N803
-    ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.rows_bound(rows)``
+    ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.MAX_ROWS``
 ):
     row, g, dst_row, live, real = _sampled(phase_ptr, items_ptr, rows, BLOCKS, ROWS)
     main = main_ptr + tl.load(row)  # element i of the item's param at main[i]

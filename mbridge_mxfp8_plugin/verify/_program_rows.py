@@ -13,13 +13,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-#: Rows above this fit no table a kernel searches: a batch with more items is split (``fused``).
-MAX_ROWS = 1024
-
-
-def rows_bound(rows: int) -> int:
-    """The ``ROWS`` a kernel is specialized for: a power of two, at least 16 (few compiles)."""
-    return max(16, 1 << (rows - 1).bit_length())
+#: Rows of a table a kernel searches (one vector load each program): a batch with more items is
+#: a launch per segment of this many (``fused``). One size, so the kernels compile once for it.
+MAX_ROWS = 64
 
 
 @triton.jit

@@ -69,7 +69,7 @@ def _te_cast_compare_items(
     BLOCKS: tl.constexpr,  # noqa: N803
     OFF_DIV: tl.constexpr,  # noqa: N803 - main and codes offsets are stored divided by it
     LAST_DIV: tl.constexpr,  # noqa: N803
-    ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.rows_bound(rows)``
+    ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.MAX_ROWS``
 ):
     # A batch's items in one launch: program p compares chunk ``p - first`` of the item whose
     # row of ``items`` (``fused.ITEM_FIELDS``) it finds by its first program; the row holds its

@@ -107,7 +107,7 @@ def _values_items(
     OFF_DIV: tl.constexpr,  # noqa: N803 - the runs' offsets are stored divided by it
     GOT_BF16: tl.constexpr,  # noqa: N803 - the param's values are bf16
     MAIN_BF16: tl.constexpr,  # noqa: N803 - the main shard is
-    ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.rows_bound(rows)``
+    ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.MAX_ROWS``
 ):
     p = tl.program_id(0)
     row = program_row(items_ptr, rows, p, 12, 2, ROWS)

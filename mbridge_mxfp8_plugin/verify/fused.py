@@ -125,7 +125,7 @@ class Segment:
     items: torch.Tensor  # int64, (rows, fields)
     rows: int
     programs: int
-    bound: int  # the kernel's ROWS
+    bound: int  # the kernel's ROWS (``_program_rows.MAX_ROWS``)
 
     @property
     def grid(self) -> tuple[int]:
@@ -135,14 +135,13 @@ class Segment:
 def _segments(table: torch.Tensor, chunks: list[int], field: int, device: Any) -> tuple[Segment, ...]:
     """``table``'s rows (first programs in column ``field``, ``chunks`` programs each) as segments
     a kernel can search; made at plan time, one host-to-device copy each."""
-    from ._program_rows import MAX_ROWS, rows_bound
+    from . import _program_rows
 
-    out = []
-    for lo in range(0, table.shape[0], MAX_ROWS):
-        part = table[lo : lo + MAX_ROWS].clone()
+    out, most = [], _program_rows.MAX_ROWS
+    for lo in range(0, table.shape[0], most):
+        part = table[lo : lo + most].clone()
         part[:, field] -= int(part[0, field])
-        rows = part.shape[0]
-        out.append(Segment(part.to(device), rows, sum(chunks[lo : lo + MAX_ROWS]), rows_bound(rows)))
+        out.append(Segment(part.to(device), part.shape[0], sum(chunks[lo : lo + most]), most))
     return tuple(out)
 
 

@@ -25,14 +25,14 @@ __all__ = ["Probed", "Refused", "why_type"]
 #: (about 19 with the kit's emulated cast), plus a margin.
 BYTES_PER_ELEMENT = 32
 #: Where codes and scales are compared (see ``ShardCheck._flush_codes``), the peak is the write:
-#: the rounded main blocks (2 bytes, or 4 unrounded), the reference's codes (1) and the write's
-#: own temporaries, measured per batch key on a CUDA device (the caching allocator's cumulative
-#: count over a probe write: an upper bound of its peak), else the kit's emulated cast's (13).
-#: A captured batch gathers the param's codes and scales in the same launch as the main rows
-#: (``fused.GatherLaunch``), so they are alive during the write too: :data:`_GATHERED` more.
+#: the rounded main blocks (2 bytes, or 4 unrounded), the reference's codes and scales (1 + 1/8,
+#: its scale rows padded to 4) and the write's own temporaries, measured per batch key on a CUDA
+#: device (the caching allocator's cumulative count over a probe write: an upper bound of its
+#: peak), else the kit's emulated cast's (13). The param's codes are never copied beside it (a
+#: captured batch compares them where they lie: ``fused.GatherLaunch``). On one H200 a full 4B
+#: check of the one-pass stand-in peaked at 5.1 bytes per element of its largest batch.
 _DEFAULT_TRANSIENTS = 13.0
-#: The param's gathered codes (1 byte) and scales (1 per 32-element block), per element.
-_GATHERED = 1 + 1 / 32
+_REFERENCE = 1 + 1 / 8
 #: Blocks per batch where the fused kernel compares (it allocates nothing): one launch per param
 #: up to 128M elements, so an eager run costs few launches.
 _FUSED_BLOCKS = 1 << 22
@@ -96,7 +96,7 @@ class Probed:
             transients = _DEFAULT_TRANSIENTS if known is None else known
             if before is not None and after is not None:
                 transients = _TRANSIENTS[measured] = (after - before) / rows.numel()
-            per_element = _MARGIN * (rows.element_size() + 1 + _GATHERED + transients) + 0.25
+            per_element = _MARGIN * (rows.element_size() + _REFERENCE + transients) + 0.25
             cap = max(BLOCK, int(budget / (per_element * BLOCK)) // BLOCK * BLOCK)
             if _agrees_with_fused(item, reference, small, n, round_to):
                 # The kernel allocates nothing: its batches are bounded only so that a flagged
