@@ -12,8 +12,10 @@ What a job sees, call by call, on three paths:
   kernel refuses: the type's own write again, with another write function.
 
 At three samples (1/16, the default; 1/64; 1.0, the full check), each on a fresh plan: the first
-call of the job (which also records the plan as a CUDA graph), then every later call one by one
-(replays), the steady state, and the train-start warm-up the plugin makes (one call) followed
+call of the job (which also records the plan as a CUDA graph; at the fused path's 1/16, the first
+of the process, it also compiles the kernels), then every later call one by one (replays), the
+steady state, and the train-start warm-up the plugin makes (one call: a job's first call on a
+fresh plan, the kernels compiled, as Triton's on-disk cache has them for a later job) followed
 by as many calls as the sample has phases. The denominators are eval transitions measured in the
 same process: each path's own (``own``: the emulated cast's; ``other``: the one-pass cast's) and,
 for ``fused``, the one-pass transition, which stands in for TE's fast cast of a real job (the
@@ -223,11 +225,16 @@ def rows_of(raw: dict[str, Any]) -> list[dict[str, Any]]:
             row["checks"] = {
                 "sampled (1/16) every call from the second <= 0.10x": row["s16_later_max_x"]
                 <= TARGETS["sampled_later"],
-                "sampled first call <= 1.0x": row["s16_first_x"] <= TARGETS["sampled_first"],
+                "sampled first call of the process (kernels compile) <= 1.0x": row["s16_first_x"]
+                <= TARGETS["sampled_first"],
+                "sampled first call of a job, kernels compiled <= 1.0x": row["s16_warm_x"]
+                <= TARGETS["sampled_first"],
                 "sampled / full <= 0.1": row["s16_vs_full"] <= TARGETS["sampled_vs_full"],
                 "1/64 cheaper than 1/16": row["s64_vs_s16"] < 1.0,
                 f"full every call from the second <= {full_later}x": row["full_later_max_x"] <= full_later,
-                "full first call <= 1.5x": row["full_first_x"] <= TARGETS["full_first"],
+                "full first call of the process <= 1.5x": row["full_first_x"] <= TARGETS["full_first"],
+                "full first call of a job, kernels compiled <= 1.5x": row["full_warm_x"]
+                <= TARGETS["full_first"],
                 "extra peak <= 64 MiB": all(
                     row[f"{kind}_peak_extra_bytes"] <= TARGETS["peak_bytes"] for kind in SAMPLES
                 ),
