@@ -100,6 +100,7 @@ def _compare_items(
     tl.atomic_add(count_ptr, differing)
 
 
-#: One launch each per batch (the items' geometry is data): nothing to specialize.
-items_kernel = triton.jit(_gather_items)
-compare_kernel = triton.jit(_compare_items)
+#: One launch each per batch segment (the items' geometry is data): nothing to specialize on the
+#: table's length or the written scales' stride (each value would be a compile of its own).
+items_kernel = triton.jit(_gather_items, do_not_specialize=["rows"])
+compare_kernel = triton.jit(_compare_items, do_not_specialize=["rows", "written_scale_stride"])

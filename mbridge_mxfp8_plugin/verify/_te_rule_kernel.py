@@ -187,4 +187,4 @@ kernel = triton.jit(
 )
 
 #: One launch per batch (the items' geometry is data): nothing to specialize.
-items_kernel = triton.jit(_te_cast_compare_items, do_not_specialize=["flag"])
+items_kernel = triton.jit(_te_cast_compare_items, do_not_specialize=["flag", "rows"])

@@ -136,4 +136,4 @@ def _values_items(
 
 
 #: One launch per batch (the items' geometry is data): nothing to specialize.
-items_kernel = triton.jit(_values_items, do_not_specialize=["flag"])
+items_kernel = triton.jit(_values_items, do_not_specialize=["flag", "rows"])
