@@ -362,12 +362,14 @@ def check_speed() -> str:
     ratio = r["ratio_to_floor"]
     load = "-".join(f"{v:g}" for v in r["loadavg_1m_before_after"])
     return (
-        f"**{ratio['check']['wall']:.2f}x** the floor for a recipe ({ratio['check']['cpu']:.2f}x in CPU time), "
+        f"**{ratio['check']['wall']:.2f}x** the floor for a recipe "
+        f"({ratio['check']['cpu']:.2f}x in CPU time), "
         f"{ratio['check_with_overrides']['wall']:.2f}x with `key=value` overrides (Hydra's parser), "
         f"{ratio['check_no_summary_cache']['wall']:.2f}x without the source-summary cache, "
         f"{ratio['check_with_teardown']['wall']:.2f}x if it ended in a normal interpreter exit (its "
         f"module teardown, which `check` skips when nothing waits for it); the goal is {r['goal_ratio']:g}x, "
-        f"{'met' if ratio['check']['wall'] <= r['goal_ratio'] else 'not met'} (the floor, `python -c \"import omegaconf, yaml\"`, took "
+        f"{'met' if ratio['check']['wall'] <= r['goal_ratio'] else 'not met'} "
+        f"(the floor, `python -c \"import omegaconf, yaml\"`, took "
         f"{r['floor']['median_s'] * 1000:.0f} ms here; median of {r['rounds']} rotated rounds; "
         f"{r['cpus']} CPUs at load average {load}; {r['date']})"
     )
@@ -375,11 +377,13 @@ def check_speed() -> str:
 
 #: The weight verifier's run (``benchmarks/eval_sync.py verify``, 1 x H200, the TE-shaped type);
 #: every verifier figure of the docs comes from it, rendered into docs/verify.md only.
+#: The last run over both sizes and releases, and the latest run of the current code (4B, 0.19.2).
 VERIFY_RESULTS = ROOT / "benchmarks" / "results" / "verify_te" / "verify_te.json"
+VERIFY_LATEST = ROOT / "benchmarks" / "results" / "verify_te_4b_core0192" / "verify_te.json"
 
 
-def _verify_rows() -> list[dict[str, Any]]:
-    return json.loads(VERIFY_RESULTS.read_text())["rows"]
+def _verify_rows(results: Path = VERIFY_LATEST) -> list[dict[str, Any]]:
+    return json.loads(results.read_text())["rows"]
 
 
 def _xspan(values: list[float]) -> str:
@@ -395,14 +399,24 @@ _VERIFY_PATHS = {
 }
 
 
-def _path_rows(path: str, size: str | None = None) -> list[dict[str, Any]]:
-    return [r for r in _verify_rows() if r["path"] == path and (size is None or r["size"] == size)]
+def _path_rows(path: str, size: str | None = None, results: Path = VERIFY_LATEST) -> list[dict[str, Any]]:
+    rows = _verify_rows(results)
+    return [r for r in rows if r["path"] == path and (size is None or r["size"] == size)]
 
 
 def verify_te_table() -> str:
+    """The last run over both sizes and releases (see :func:`_verify_table`)."""
+    return _verify_table(json.loads(VERIFY_RESULTS.read_text()))
+
+
+def verify_te_latest() -> str:
+    """The latest run of the current code (see :func:`_verify_table`)."""
+    return _verify_table(json.loads(VERIFY_LATEST.read_text()))
+
+
+def _verify_table(result: dict[str, Any]) -> str:
     """Per size, megatron-core release and path: each call kind as a multiple of the eval
     transition of the same process (the path's own cast; the one-pass cast for the fused kernel)."""
-    result = json.loads(VERIFY_RESULTS.read_text())
     out = [
         "| model | core | path | eval transition | sampled: first call | sampled: first of a job, "
         "kernels compiled | sampled: evals after the train-start warm-up (max) | sampled: steady "
@@ -467,15 +481,20 @@ def verify_te_ratio() -> str:
 
 
 def verify_sampled_vs_full() -> str:
-    """What the sampled check costs next to the full one, over every size and release, per path."""
-    return ", ".join(
-        f"{_xspan([r['s16_vs_full'] for r in _path_rows(p)])} ({_VERIFY_PATHS[p]})" for p in _VERIFY_PATHS
-    )
+    """What the sampled check costs next to the full one in the latest run, per path (three
+    decimals: the target is 0.1)."""
+
+    def span(path: str) -> str:
+        values = [r["s16_vs_full"] for r in _path_rows(path)]
+        lo, hi = f"{min(values):.3f}", f"{max(values):.3f}"
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    return ", ".join(f"{span(p)} ({_VERIFY_PATHS[p]})" for p in _VERIFY_PATHS)
 
 
 def verify_first_call() -> str:
     """The first check of a process, which compiles (or loads) the fused kernel, per release run."""
-    firsts = [r["s16_first_s"] for r in _path_rows("fused", "1B")]
+    firsts = [r["s16_first_s"] for r in _path_rows("fused", "1B", VERIFY_RESULTS)]
     return f"{_span(firsts)} s"
 
 
@@ -550,6 +569,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     },
     "docs/verify.md": {
         "verify-te-table": verify_te_table,
+        "verify-te-latest": verify_te_latest,
         "verify-te-ratio": verify_te_ratio,
         "verify-sampled-vs-full": verify_sampled_vs_full,
         "verify-first-call": verify_first_call,
