@@ -531,23 +531,31 @@ def _own_batch(stride: int, main_dtype: torch.dtype, round_to: Any) -> tuple[Any
     return batch, phase
 
 
-@pytest.mark.parametrize(("main_dtype", "round_to"), [(torch.float32, torch.bfloat16), (torch.float32, None),
-                                                      (torch.bfloat16, None)])  # fmt: skip
+_OWN_CASES = [(torch.float32, torch.bfloat16, None), (torch.float32, None, None), (torch.bfloat16, None, None),
+              (torch.float32, torch.bfloat16, 2)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("main_dtype", "round_to", "max_rows"), _OWN_CASES)
 def test_an_own_write_batch_is_gathered_and_compared_by_one_launch_each(
-    monkeypatch: pytest.MonkeyPatch, main_dtype: torch.dtype, round_to: Any
+    monkeypatch: pytest.MonkeyPatch, main_dtype: torch.dtype, round_to: Any, max_rows: int | None
 ) -> None:
     """At every phase the gather launch gives exactly the rows ``main_rows`` makes (rounded, with
     their zero rows), and the compare launch counts exactly the written bytes that differ from
     the param's codes and scale bytes (``got_bytes``): a flipped code, a flipped scale byte read
-    through a strided view (a small instance keeps its scales padded), nothing for equal bytes."""
-    from mbridge_mxfp8_plugin.verify import _gather_kernel
+    through a strided view (a small instance keeps its scales padded), nothing for equal bytes.
+    A table longer than a kernel searches is a launch of each per segment, with the same result."""
+    from mbridge_mxfp8_plugin.verify import _gather_kernel, _program_rows
     from mbridge_mxfp8_plugin.verify.batches import got_bytes, main_rows
 
+    if max_rows is not None:
+        monkeypatch.setattr(_program_rows, "MAX_ROWS", max_rows)
     stride = 4
     batch, phase = _own_batch(stride, main_dtype, round_to)
     one = fused.gather_launch(batch.items, round_to)
     assert one is not None
-    assert [s.items.shape for s in one.segments] == [(len(batch.items) + 1, len(fused.GATHER_FIELDS))]
+    rows = len(batch.items) + 1  # and the zero rows' own
+    want = [(2, 13), (2, 13), (1, 13)] if max_rows else [(rows, len(fused.GATHER_FIELDS))]
+    assert [s.items.shape for s in one.segments] == want
     gathers = _Launches(_gather_kernel.items_kernel)
     compares = _Launches(_gather_kernel.compare_kernel)
     monkeypatch.setattr(_gather_kernel, "items_kernel", gathers)
@@ -570,7 +578,7 @@ def test_an_own_write_batch_is_gathered_and_compared_by_one_launch_each(
         written[-1, -1] ^= 0x80
         padded[offset + 2, 0] ^= 4
         assert int(one.differing(written, padded[:, 0], at)) == 3, offset
-    assert gathers.count == stride and compares.count == 2 * stride
+    assert gathers.count == stride * len(want) and compares.count == 2 * stride * len(want)
 
 
 def test_own_write_batches_the_gather_does_not_read_keep_the_gathers() -> None:
