@@ -11,7 +11,8 @@ process's CPU time, which load moves less). One untimed round first, so that byt
 check's summaries of the installed sources exist, as they do after the first ``check``. Also
 records whether torch or megatron-core was imported on the way (``-X importtime``), which must be
 never, and ``check_with_teardown``: the same check ending in a normal interpreter exit, which shows
-what ``cli.leave`` (no module teardown where nothing waits for it) saves. Goal: ``check`` / floor <= 1.3 (issue 30). Writes ``benchmarks/results/check_speed.json``.
+what ``cli.leave`` (no module teardown where nothing waits for it) saves. Goal: ``check`` / floor
+<= 1.3 (issue 30). Writes ``benchmarks/results/check_speed.json``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 #: check on one file over ``import omegaconf, yaml``, ratio of medians (issue 30)
 GOAL_RATIO = 1.3
+
+#: ``check`` through ``cli.main`` and a normal interpreter exit (the console script skips teardown).
+_MAIN_WITH_TEARDOWN = "import sys; from mbridge_mxfp8_plugin.commands.cli import main; sys.exit(main())"
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
@@ -50,7 +54,10 @@ def _heavy_imports(cmd: list[str], env: dict[str, str]) -> list[str]:
     return sorted(n for n in names if n.split(".")[0] == "torch" or n.startswith("megatron.core"))
 
 
-def measure(commands: dict[str, tuple[list[str], dict[str, str]]], rounds: int) -> dict[str, dict[str, object]]:
+Commands = dict[str, tuple[list[str], dict[str, str]]]
+
+
+def measure(commands: Commands, rounds: int) -> dict[str, dict[str, object]]:
     """Every command once per round, rotated; per command its runs and medians."""
     names = list(commands)
     for name in names:  # warm: bytecode caches, check's source summaries
@@ -71,7 +78,9 @@ def measure(commands: dict[str, tuple[list[str], dict[str, str]]], rounds: int) 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=15, help="rounds (each runs every command once)")
     parser.add_argument("--recipe", default="recipes/llama3_8b_mxfp8_pretrain.yaml")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "check_speed.json"))
@@ -87,7 +96,7 @@ def main() -> int:
         "check_no_summary_cache": (check, {**env, "MXFP8_PLUGIN_CACHE": "off"}),
         # the same work ending in a normal interpreter exit (module teardown), not cli.leave's
         "check_with_teardown": (
-            [py, "-c", "import sys; from mbridge_mxfp8_plugin.commands.cli import main; sys.exit(main())", *check[3:]],
+            [py, "-c", _MAIN_WITH_TEARDOWN, *check[3:]],
             env,
         ),
         "python_bare": ([py, "-c", "pass"], env),
@@ -118,7 +127,8 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(ratios, indent=2))
     ok = ratios["check"]["wall"] <= GOAL_RATIO and not result["heavy_imports"]
-    print(f"check / floor: {ratios['check']['wall']} wall, {ratios['check']['cpu']} CPU (goal <= {GOAL_RATIO})")
+    check = ratios["check"]
+    print(f"check / floor: {check['wall']} wall, {check['cpu']} CPU (goal <= {GOAL_RATIO})")
     return 0 if ok else 1
 
 
