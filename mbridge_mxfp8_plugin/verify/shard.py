@@ -80,6 +80,7 @@ class ShardCheck:
         self.graph_verdicts: list[tuple[Batch, torch.Tensor]] = []  # never appended to: shared
         self.graph_stacked: torch.Tensor | None = None  # the graph's verdicts, one tensor
         self._tallies: dict[int, WeightReport] = {}  # phase -> what a replay of it checks
+        self._dirty: set[int] = set()  # slots with differing elements counted this call
         self.no_graph = ""  # why the compares are not replayed from a graph
         self._capturing = False
         self._eager: dict[tuple[int, int], Batch] = {}  # (batch, phase) -> its blocks at that phase
@@ -89,8 +90,9 @@ class ShardCheck:
         verdicts into ``report``."""
         self.report, self.verdicts = report, []
         self.phase.set(offset)
-        for slot in self.slots:
-            slot.differing, slot.worst = 0, 0.0
+        for i in self._dirty:  # only the slots a failed batch counted (not every param, every call)
+            self.slots[i].differing, self.slots[i].worst = 0, 0.0
+        self._dirty.clear()
 
     def add(self, name: str, param: Any, reader: Reader, own: Owned, mxfp8: bool) -> None:
         """Queue the sampled blocks of ``param``'s owned slice."""
@@ -417,6 +419,7 @@ class ShardCheck:
         slot = self.slots[slot_id]
         slot.differing += count
         if count:
+            self._dirty.add(slot_id)
             slot.worst = max(slot.worst, float(diff.nan_to_num(nan=float("inf")).max()))
 
     def _tally_checked(self) -> None:
@@ -441,7 +444,7 @@ class ShardCheck:
                 report.count_path(f"{reference.path}, read {key[-1]}{how}", count)
 
     def _tally_mismatches(self, max_names: int) -> None:
-        for slot in (s for s in self.slots if s.differing and not s.unchecked):
+        for slot in (self.slots[i] for i in sorted(self._dirty) if not self.slots[i].unchecked):
             self.report.shard_mismatch_count += 1
             if len(self.report.shard_mismatches) < max_names:
                 self.report.shard_mismatches.append(ParamMismatch(slot.name, slot.worst, slot.differing))
