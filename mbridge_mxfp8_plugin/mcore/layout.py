@@ -206,4 +206,4 @@ def main_params(optimizer: Any) -> Iterator[Any]:
     """The fp32 main shards of every distributed optimizer behind ``optimizer`` (None skipped)."""
     for opt in distributed_optimizers(optimizer):
         for group in opt.shard_fp32_from_float16_groups:
-            yield from (m for m in group if m is not None)
+            yield from [m for m in group if m is not None]  # a list: read at every check, cheaper

@@ -225,7 +225,8 @@ def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
         # One subclass-dispatch guard for the whole walk: entered per tensor it cost more than
         # the reads.
         with torch._C.DisableTorchFunctionSubclass():
-            for _, param in _buffer_params(chunks):
+            params = [p for ref in buffers(chunks) for bucket in ref.bucket_list for p in bucket_params(bucket)]
+            for param in params:
                 kind = type(param)
                 add(kind)
                 add(param.shape)
