@@ -103,6 +103,11 @@ def _buffer_params(chunks: list[Any]) -> Iterator[tuple[Any, Any]]:
                 yield group, param
 
 
+def _params_of(chunks: list[Any]) -> list[Any]:
+    """Every buffer param in buffer order, as a list (the fingerprint reads it at every check)."""
+    return [p for ref in buffers(chunks) for bucket in ref.bucket_list for p in bucket_params(bucket)]
+
+
 def _unchecked_reason(param: Any, own: Owned, fp8: bool, mxfp8: bool) -> str:
     if own.main is None:
         return "main params live inside the optimizer (precision-aware)"
@@ -225,8 +230,7 @@ def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
         # One subclass-dispatch guard for the whole walk: entered per tensor it cost more than
         # the reads.
         with torch._C.DisableTorchFunctionSubclass():
-            params = [p for ref in buffers(chunks) for bucket in ref.bucket_list for p in bucket_params(bucket)]
-            for param in params:
+            for param in _params_of(chunks):
                 kind = type(param)
                 add(kind)
                 add(param.shape)

@@ -21,7 +21,7 @@ def layout(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     plain = torch.nn.Parameter(torch.randn(64))
     mains = [torch.randn(256), torch.randn(64)]
     state = {"params": [quantized, plain], "mains": mains}
-    monkeypatch.setattr(weights, "_buffer_params", lambda chunks: [(None, p) for p in state["params"]])
+    monkeypatch.setattr(weights, "_params_of", lambda chunks: list(state["params"]))
     monkeypatch.setattr(weights, "main_params", lambda optimizer: list(state["mains"]))
     return state
 
