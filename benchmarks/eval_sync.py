@@ -381,9 +381,10 @@ def main() -> int:
     r.add_argument("--passes", type=int, default=2, help="interleaved passes; every target must hold in each")
     r.add_argument("--no-host", dest="host", action="store_false", help="skip the 10k-param host-time model")
     r.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
-    vw = sub.add_parser("verify-worker")
-    vw.add_argument("--sizes", default=DEFAULT_SIZES)
-    vw.add_argument("--json", required=True)
+    for name in ("verify-worker", "verify-first-worker"):
+        vw = sub.add_parser(name)
+        vw.add_argument("--sizes", default=DEFAULT_SIZES)
+        vw.add_argument("--json", required=True)
     v = sub.add_parser("verify", help="the weight verifier on the TE-shaped type, per path (issue 32)")
     v.add_argument("--core", action="append", help="VERSION=PYTHONPATH; default: the installed one")
     v.add_argument("--sizes", default=DEFAULT_SIZES)
@@ -400,6 +401,9 @@ def main() -> int:
         return 0
     if args.cmd == "verify-worker":
         verify_te.worker(args)
+        return 0
+    if args.cmd == "verify-first-worker":
+        verify_te.first_worker(args)
         return 0
     if args.cmd == "verify":
         return verify_te.run(args)
