@@ -394,7 +394,7 @@ def _xspan(values: list[float]) -> str:
 #: benchmarks/verify_te.py's paths, as the docs name them
 _VERIFY_PATHS = {
     "fused": "TE's rule, fused kernel",
-    "own": "TE's rule, the type's own write (kernel off)",
+    "own": "TE's rule, the type's own write (TE-rule kernel off)",
     "other": "another rule, the type's own write",
 }
 
