@@ -133,15 +133,16 @@ class Segment:
 
 
 def _segments(table: torch.Tensor, chunks: list[int], field: int, device: Any) -> tuple[Segment, ...]:
-    """``table``'s rows (first programs in column ``field``, ``chunks`` programs each) as segments
-    a kernel can search; made at plan time, one host-to-device copy each."""
+    """``table``'s rows (``chunks`` programs each) as segments a kernel can search, each row's
+    first program written into column ``field`` (counted from 0 in each segment); made at plan
+    time, one host-to-device copy each."""
     from . import _program_rows
 
     out, most = [], _program_rows.MAX_ROWS
     for lo in range(0, table.shape[0], most):
-        part = table[lo : lo + most].clone()
-        part[:, field] -= int(part[0, field])
-        out.append(Segment(part.to(device), part.shape[0], sum(chunks[lo : lo + most]), most))
+        part, counts = table[lo : lo + most].clone(), torch.tensor(chunks[lo : lo + most])
+        part[:, field] = counts.cumsum(0) - counts
+        out.append(Segment(part.to(device), part.shape[0], int(counts.sum()), most))
     return tuple(out)
 
 
@@ -190,18 +191,16 @@ def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
     assert first.reader.scales is not None
     tensors = (first.main, first.reader.flat, first.reader.scales)
     rows: list[list[int]] = []
-    chunks: list[int] = []  # programs per row
-    programs = 0
+    chunks: list[int] = []  # programs per row (``_segments`` writes each row's first program)
     for it in items:
         offsets = _offsets(zip((it.main, it.reader.flat, it.reader.scales), tensors, strict=True))
         if offsets is None:
             return None
         start, lo, count, n, mod, step = it.blocks.kernel_args()
-        rows.append([offsets[0] - it.start, *offsets[1:], programs, start, lo, count, n, mod, step,
+        rows.append([offsets[0] - it.start, *offsets[1:], 0, start, lo, count, n, mod, step,
                      it.blocks.last, it.blocks.per_row, it.reader.scale_cols])  # fmt: skip
         chunks.append(-(-count // _BLOCKS_PER_PROGRAM))
-        programs += chunks[-1]
-    if not programs:
+    if not sum(chunks):
         return None
     table = torch.tensor(rows, dtype=torch.int64)
     off_div = 16 if bool((table[:, :2] % 16 == 0).all()) else 1
@@ -264,8 +263,7 @@ def values_launch(
     if got0.dtype != dtype or got0.device != main0.device or not available(got0.device):
         return None
     rows: list[list[int]] = []
-    chunks: list[int] = []  # programs per row
-    programs = 0
+    chunks: list[int] = []  # programs per row (``_segments`` writes each row's first program)
     for it in items:
         if it.reader.scales is not None or it.mxfp8_codes or not it.blocks.aligned:
             return None
@@ -277,11 +275,10 @@ def values_launch(
             return None
         got, main, tail_got, tail_main = offsets if it.tail is not None else [*offsets, 0, 0]
         origin = it.blocks.origin  # run g of the item: param elements origin + 32 g ..
-        rows.append([got + origin, main + origin - it.start, programs, *it.blocks.kernel_args(),
+        rows.append([got + origin, main + origin - it.start, 0, *it.blocks.kernel_args(),
                      tail_got, tail_main, tail])  # fmt: skip
         chunks.append(max(-(-it.blocks.count // _BLOCKS_PER_PROGRAM), int(tail > 0)))
-        programs += chunks[-1]
-    if not programs:
+    if not sum(chunks):
         return None
     table = torch.tensor(rows, dtype=torch.int64)
     off_div = 16 if bool((table[:, :2] % 16 == 0).all()) else 1
@@ -357,8 +354,7 @@ def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherL
     if codes0.device != main0.device or scales0.device != main0.device or not available(main0.device):
         return None
     rows: list[list[int]] = []
-    chunks: list[int] = []  # programs per row
-    programs = 0
+    chunks: list[int] = []  # programs per row (``_segments`` writes each row's first program)
     out = 0
     for it in items:
         if not it.mxfp8_codes or not it.blocks.aligned or it.tail is not None:
@@ -367,15 +363,14 @@ def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherL
         if offsets is None:
             return None
         main, codes, scales = offsets
-        rows.append([main - it.start, codes, scales, programs, out, *it.blocks.kernel_args(),
+        rows.append([main - it.start, codes, scales, 0, out, *it.blocks.kernel_args(),
                      it.blocks.per_row, it.reader.scale_cols])  # fmt: skip
         chunks.append(-(-it.blocks.count // _BLOCKS_PER_PROGRAM))
-        programs += chunks[-1]
         out += it.blocks.count
-    if not programs:
+    if not sum(chunks):
         return None
     if out % BLOCK:  # the zero rows up to whole 32-row tiles
-        rows.append([0, 0, 0, programs, out, 0, 0, (-out) % BLOCK, 0, 1, 1, 1, 1])
+        rows.append([0, 0, 0, 0, out, 0, 0, (-out) % BLOCK, 0, 1, 1, 1, 1])
         chunks.append(1)
     bits = torch.int16 if main0.dtype.itemsize == 2 else torch.int32
     table = torch.tensor(rows, dtype=torch.int64)
