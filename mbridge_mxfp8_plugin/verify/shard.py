@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from . import batches, fused, graphs
-from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, pack, sides, split
+from ._attribute import Attribution
+from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, pack, sides
 from .probe import Probed, Refused, why_type
-from .read import BLOCK, Reader, decode
+from .read import Reader
 from .reference import PROBE_ROWS, self_check
 from .report import ParamMismatch, WeightReport
 from .sampling import Phase, sampled_mxfp8, sampled_runs
@@ -81,8 +82,13 @@ class ShardCheck:
         self.graph_stacked: torch.Tensor | None = None  # the graph's verdicts, one tensor
         self._tallies: dict[int, WeightReport] = {}  # phase -> what a replay of it checks
         self._dirty: set[int] = set()  # slots with differing elements counted this call
+        # names the params of a failed batch (the failure path only)
+        self.attribute = Attribution(
+            self.slots, self._dirty, atol, self.budget, self.references, probed.written
+        )
         self.no_graph = ""  # why the compares are not replayed from a graph
         self._capturing = False
+        self._launched = False  # the graph was replayed for this call already (``launch``)
         self._eager: dict[tuple[int, int], Batch] = {}  # (batch, phase) -> its blocks at that phase
 
     def restart(self, report: WeightReport, offset: int) -> None:
@@ -93,6 +99,22 @@ class ShardCheck:
         for i in self._dirty:  # only the slots a failed batch counted (not every param, every call)
             self.slots[i].differing, self.slots[i].worst = 0, 0.0
         self._dirty.clear()
+
+    def replayable(self) -> bool:
+        return self.graph is not None
+
+    def launch(self) -> None:
+        """Replay the graph now, after ``restart``; ``finish`` reads its verdicts. Launched before
+        the caller's host work (the layout's fingerprint), the two overlap."""
+        self.graph.replay()
+        self._launched = True
+
+    def abandon(self) -> None:
+        """Forget a launched replay that will not be read (its layout changed), once it is done:
+        the plan holding what it reads may be dropped next."""
+        self._launched = False
+        if torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()
 
     def add(self, name: str, param: Any, reader: Reader, own: Owned, mxfp8: bool) -> None:
         """Queue the sampled blocks of ``param``'s owned slice."""
@@ -148,7 +170,7 @@ class ShardCheck:
     def _flush_fused(self, batch: Batch) -> None:
         """TE's cast of the main blocks against the param's bytes: one launch for the batch
         (``fused.Launch``), or one per item where its items cannot share one. A batch it finds
-        differing is judged again by the type's own write (``_attribute``). A values batch with
+        differing is judged again by the type's own write (``attribute``). A values batch with
         a ``fused.ValuesLaunch`` is one launch too, attributed on the gathers."""
         slot = self._flag_of[id(batch)]
         flags, rounding = self._flags, batch.round_to is not None
@@ -336,7 +358,9 @@ class ShardCheck:
             self._seal(key)
         self._plan_launches()
         if self.graph is not None:
-            self.graph.replay()
+            if not self._launched:
+                self.graph.replay()
+            self._launched = False
             self.verdicts = self.graph_verdicts
         elif self._capturable():
             self._capture()
@@ -362,7 +386,7 @@ class ShardCheck:
             for (batch, _), bad in zip(self.verdicts, failed, strict=True):
                 if bad and id(batch) not in done:
                     done.add(id(batch))
-                    self._attribute(at_phase(batch, self.phase.value))
+                    self.attribute(at_phase(batch, self.phase.value))
         self._tally_mismatches(max_names)
 
     def _count_every_phase(self) -> None:
@@ -372,55 +396,6 @@ class ShardCheck:
             for phase in range(self.stride):
                 slot.covered(phase)
             slot.covered(value)
-
-    def _attribute_codes(self, batch: Batch) -> None:
-        """Values of a batch whose bytes differ, param by param, a bounded chunk at a time."""
-        cap = self.written.get(batch.key, batch.blocks)
-        if batch.blocks > cap:  # a fused batch: judged by the type's write in budget-sized parts
-            for part in split(batch, cap):
-                self._attribute_codes(part)
-            return
-        rows = main_rows(batch)
-        reference = self.references[batch.key]
-        codes, scales = reference.codes(rows, batch.blocks)
-        del rows
-        element, dtype = batch.items[0].reader.element, batch.param.dtype
-        chunk = max(1, self.budget // (16 * BLOCK))
-        r = 0
-        for it in batch.items:
-            got_codes, got_scales = it.got(), it.scales()
-            for c0 in range(0, it.blocks.count, chunk):
-                c1 = min(it.blocks.count, c0 + chunk)
-                got = decode(got_codes[c0:c1], got_scales[c0:c1], element, dtype)
-                want = decode(codes[r + c0 : r + c1], scales[r + c0 : r + c1], element, dtype)
-                self._count(it.slot, got, want)
-            r += it.blocks.count
-        reference.release()
-
-    def _attribute(self, batch: Batch) -> None:
-        """Count each param's differing elements in a flagged batch, on that phase's own blocks."""
-        if not batch.items:  # only a phase's repeated last block: judged with its own part
-            return
-        if batch.items[0].mxfp8_codes:
-            self._attribute_codes(batch)
-            return
-        got, want, _ = sides(batch, self.references)
-        row = 0
-        for it in batch.items:
-            rows = it.blocks.count + (it.tail is not None)
-            self._count(it.slot, got[row : row + rows], want[row : row + rows])
-            row += rows
-
-    def _count(self, slot_id: int, g: torch.Tensor, w: torch.Tensor) -> None:
-        if g.numel() == 0 or torch.equal(g, w):
-            return
-        diff = (g.float() - w.float()).abs()
-        count = int((~(diff <= self.atol)).sum())  # NaN counts as a difference
-        slot = self.slots[slot_id]
-        slot.differing += count
-        if count:
-            self._dirty.add(slot_id)
-            slot.worst = max(slot.worst, float(diff.nan_to_num(nan=float("inf")).max()))
 
     def _tally_checked(self) -> None:
         """What was checked and how (independent of the verdicts): counted once per phase where

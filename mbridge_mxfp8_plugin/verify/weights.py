@@ -72,6 +72,10 @@ class _Layout:
     names: dict[Any, str] | None = None
     readers: dict[int, Reader | str] = field(default_factory=dict)
     probed: dict[int, Probed] = field(default_factory=dict)  # by budget: it sets the capacities
+    #: the tensors the plans read by address, held, and those addresses: the guard of a replay
+    #: launched before the fingerprint is taken (``_replay_early``)
+    addressed: list[torch.Tensor] = field(default_factory=list)
+    pointers: list[int] = field(default_factory=list)
 
 
 #: optimizer -> its layout. A changed fingerprint drops the layout and its plans: a stale plan's
@@ -164,12 +168,9 @@ def verify_weights(
     registered = tuple(getattr(fp8_utils, a, None) for a in _REGISTRY_ATTRS)
     budget = _BUDGET_BYTES
     key = (tuple(id(c) for c in chunks), stride, atol, budget, registered)
-    fingerprint = _fingerprint(chunks, optimizer)
-    layout = _layout_of(optimizer, fingerprint)
+    layout, plan = _kept_plan(chunks, optimizer, key, report, offset)
     plans = layout.plans if layout is not None else None
-    plan = plans.get(key) if plans is not None else None
     if plan is not None:
-        plan.check.restart(report, offset)
         report.unchecked.extend(plan.unchecked)
         report.mxfp8_unchecked, report.unchecked_types = (
             plan.unchecked_mxfp8[0],
@@ -199,20 +200,67 @@ def verify_weights(
     return report
 
 
-def _layout_of(optimizer: Any, fingerprint: tuple[Any, ...]) -> _Layout | None:
+def _kept_plan(
+    chunks: list[Any], optimizer: Any, key: tuple[Any, ...], report: WeightReport, offset: int
+) -> tuple[_Layout | None, _Plan | None]:
+    """This layout's kept state, and its plan of ``key`` ready for this call (None: none kept).
+    A kept graph is launched before the fingerprint is taken (``_replay_early``) and is read only
+    if the fingerprint then finds the layout unchanged."""
+    early = _replay_early(optimizer, key, report, offset)
+    addressed: list[torch.Tensor] = []
+    fingerprint = _fingerprint(chunks, optimizer, addressed)
+    layout = _layout_of(optimizer, fingerprint, addressed)
+    plan = layout.plans.get(key) if layout is not None else None
+    if early is not None and early is not plan:  # the layout changed: that replay is not read
+        early.check.abandon()
+    if plan is not None and plan is not early:
+        plan.check.restart(report, offset)
+    return layout, plan
+
+
+def _replay_early(optimizer: Any, key: tuple[Any, ...], report: WeightReport, offset: int) -> _Plan | None:
+    """The kept plan of ``key``, its graph launched at this call's phase before the layout is
+    fingerprinted, so that the GPU compares while the host takes the fingerprint (most of a
+    replayed check's host time); None where there is no graph to launch.
+
+    Launching before knowing the layout is unchanged is safe because the plan holds every tensor
+    its graph reads (its views, the layout's ``addressed``): a param or shard the job replaced is
+    still allocated, and the replay reads stale but valid memory, which the fingerprint then
+    rejects (``verify_weights`` does not read that replay). What the plan's references cannot
+    keep alive is storage freed in place (``set_``, ``.data =``, a storage resized to 0): that
+    changes an address, which is compared first, in one C loop."""
+    try:
+        layout = _PLANS.get(optimizer)
+    except TypeError:
+        return None
+    plan = layout.plans.get(key) if layout is not None else None
+    if plan is None or not plan.check.replayable():
+        return None
+    try:
+        if list(map(_DATA_PTR, layout.addressed)) != layout.pointers:  # type: ignore[union-attr]
+            return None
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    plan.check.restart(report, offset)
+    plan.check.launch()
+    return plan
+
+
+def _layout_of(optimizer: Any, fingerprint: tuple[Any, ...], addressed: list[torch.Tensor]) -> _Layout | None:
     """What is kept for this layout, or None where nothing can be kept."""
     if not fingerprint:
         return None
     try:
         layout = _PLANS.get(optimizer)
         if layout is None or layout.fingerprint != fingerprint:
-            layout = _PLANS[optimizer] = _Layout(fingerprint)
+            pointers = list(map(_DATA_PTR, addressed))
+            layout = _PLANS[optimizer] = _Layout(fingerprint, addressed=addressed, pointers=pointers)
     except TypeError:  # not weakly referenceable: nothing is kept
         return None
     return layout
 
 
-def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
+def _fingerprint(chunks: list[Any], optimizer: Any, addressed: list[Any] | None = None) -> tuple[Any, ...]:
     """Which tensors, at which addresses, a plan reads: every buffer param (the codes, scales or
     per-tensor FP8 bytes it holds) and every main shard. A plan is reused only while this is
     unchanged, so its views never read memory the params or the optimizer have moved away from.
@@ -222,7 +270,7 @@ def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
     a replayed sampled check's host time (0.3-0.6 ms of 1.0-1.2 ms at 1B, 120 params). The
     tensors are listed first, then addressed in C loops (``map``): the objects, and their first
     elements' pointers (``data_ptr`` includes the storage offset, so a moved view or a swapped
-    storage changes it)."""
+    storage changes it). ``addressed`` receives the tensors whose pointers it took."""
     parts: list[Any] = []
     add = parts.append
     tensors: list[Any] = []
@@ -251,31 +299,36 @@ def _fingerprint(chunks: list[Any], optimizer: Any) -> tuple[Any, ...]:
                     parts.extend(map(own.get, _LAYOUT_ATTRS))
             tensors.extend(main_params(optimizer))
             parts.extend(map(id, tensors))
-            parts.extend(_pointers(tensors))
+            parts.extend(_pointers(tensors, addressed))
     except (AttributeError, TypeError, RuntimeError):
         return ()
     return tuple(parts)
 
 
-def _pointers(tensors: list[Any]) -> list[int]:
+def _pointers(tensors: list[Any], addressed: list[Any] | None = None) -> list[int]:
     """``data_ptr`` of every tensor with storage, in order (None, and types seen without
-    storage, are left out; their objects are in the fingerprint already)."""
+    storage, are left out; their objects are in the fingerprint already); those tensors are
+    appended to ``addressed``."""
     no_storage = _NO_STORAGE
     if no_storage:
-        addressed = [t for t in tensors if t is not None and type(t) not in no_storage]
+        kept = [t for t in tensors if t is not None and type(t) not in no_storage]
     else:
-        addressed = [t for t in tensors if t is not None]
+        kept = [t for t in tensors if t is not None]
     try:
-        return list(map(_DATA_PTR, addressed))
+        out = list(map(_DATA_PTR, kept))
     except (RuntimeError, NotImplementedError, TypeError):  # a storage-less wrapper, a non-tensor
-        out = []
-        for tensor in addressed:
+        out, fine = [], []
+        for tensor in kept:
             try:
                 out.append(_DATA_PTR(tensor))
+                fine.append(tensor)
             except (RuntimeError, NotImplementedError, TypeError):
                 if isinstance(tensor, torch.Tensor) and type(tensor) not in _PLAIN:
                     no_storage.add(type(tensor))
-        return out
+        kept = fine
+    if addressed is not None:
+        addressed.extend(kept)
+    return out
 
 
 _REGISTRY_ATTRS = ("HAVE_TE_FP8_TENSOR_CLASS", "FP8_TENSOR_CLASS", "HAVE_TE_MXFP8TENSOR", "MXFP8Tensor")

@@ -341,6 +341,85 @@ def _case_plans() -> dict[str, Any]:
     return rec
 
 
+class _StandInGraph:
+    """A captured graph on CPU: its replay runs what was recorded again into the recorded
+    outputs, and logs that it ran (where a CUDA graph's replay launches the recorded kernels)."""
+
+    def __init__(self, record: Any, out: torch.Tensor, log: list[str]) -> None:
+        from mbridge_mxfp8_plugin.verify.shard import ShardCheck
+
+        self.record, self.out, self.log = record, out, log
+        cells = [c.cell_contents for c in record.__closure__ or ()]
+        self.check = next(c for c in cells if isinstance(c, ShardCheck))  # what it records into
+
+    def replay(self) -> None:
+        self.log.append("replay")
+        self.check.verdicts = []  # the recording appends to them; a replay only writes ``out``
+        self.out.copy_(self.record())
+
+
+def _case_early_replay() -> dict[str, Any]:
+    """A kept plan's graph is launched before the layout's fingerprint is taken (the two
+    overlap) and is read only where the fingerprint finds the layout unchanged; a tensor freed or
+    moved in place is caught by its address before any launch. Graphs stand in on CPU
+    (:class:`_StandInGraph`); per call, the order of the replays and the fingerprint is logged."""
+    from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+    from mbridge_mxfp8_plugin.verify import graphs, weights
+
+    job = build_job(ToyConfig(dims=(32, 64, 96, 10)))
+    train(job, ITERS)
+    ensure_weights_current(job.model, job.optimizer)
+    log: list[str] = []
+    saved = (graphs.on_cuda, graphs.capture, weights._fingerprint, torch.cuda.is_current_stream_capturing)
+
+    def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
+        out = record()
+        return _StandInGraph(record, out, log), out
+
+    def fingerprint(*args: Any) -> Any:
+        log.append("fingerprint")
+        return saved[2](*args)
+
+    graphs.on_cuda, graphs.capture, weights._fingerprint = (lambda t: True), capture, fingerprint
+    torch.cuda.is_current_stream_capturing = lambda: False
+    weights._PLANS.clear()
+    rec: dict[str, Any] = {}
+
+    def check(label: str) -> None:
+        del log[:]
+        rec[label] = verify_weights(job.model, job.optimizer, event=label, sample=1.0)
+        rec[f"{label}_log"] = list(log)
+
+    try:
+        check("first")  # planned, run eagerly, recorded and launched once
+        check("second")
+        owned, _ = weights._owned_shards(job.optimizer)
+        param, own = next((p, o) for p, o in owned.items() if p.dim() == 2 and o.end - o.start >= 64)
+        groups = next(o for o in _distributed(job.optimizer)).shard_fp32_from_float16_groups
+        g, i = next((g, i) for g, ms in enumerate(groups) for i, m in enumerate(ms) if m is own.main)
+        with torch.no_grad():
+            moved = own.main.clone()
+            moved[:32].add_(1.0)
+        groups[g][i] = moved  # a new object: the old one, which the plan holds, keeps its address
+        check("replaced")
+        with torch.no_grad():
+            moved.data = moved.data.clone()  # the same object, its storage moved (freed in place)
+        check("moved")
+    finally:
+        graphs.on_cuda, graphs.capture, weights._fingerprint = saved[:3]
+        torch.cuda.is_current_stream_capturing = saved[3]
+        weights._PLANS.clear()
+    rec["param"] = next(n for n, p in job.model[0].named_parameters() if p is param)
+    return rec
+
+
+def _distributed(optimizer: Any) -> Any:
+    from mbridge_mxfp8_plugin.mcore.layout import distributed_optimizers
+
+    return iter(distributed_optimizers(optimizer))
+
+
 def _case_option(mode: str) -> dict[str, Any]:
     """The loop API with ``verify_weights=True`` in Megatron-LM's order: steps, an eval, a step, a
     save, train end. ``disabled``: ``enabled=False`` (every fix off; ``strict`` so it raises);
@@ -413,6 +492,7 @@ def verify_rank() -> dict[str, Any]:
         out["expert"] = _case_expert()
         out["sampling"] = _case_sampling()
         out["plans"] = _case_plans()
+        out["early"] = _case_early_replay()
         out["codes"] = case_codes()  # the kit's TE-shaped type in every pass (harness.verify_codes)
         out["peer"] = case_peer()
         for mode in ("disabled", "b1_off", "b2_off", "on", "stale_ckpt"):

@@ -139,6 +139,26 @@ def test_plans_reused_and_read_current_bits(runs: list[dict[str, Any]]) -> None:
         assert not rec["moved_changed"].ok, rec["moved_changed"].message()
 
 
+def test_a_kept_graph_is_launched_before_the_fingerprint_and_read_only_if_the_layout_holds(
+    runs: list[dict[str, Any]],
+) -> None:
+    """The replay overlaps the fingerprint (issue 32: a sample's fixed host cost). A main shard
+    replaced by a changed copy: the launched replay read the old, still allocated shard and said
+    ok; it is not what the report says. A shard whose storage moved in place: no launch before
+    the fingerprint (its address changed), and the new storage is read."""
+    for run in runs:
+        rec = run["early"]
+        assert rec["first"].ok and rec["first_log"] == ["fingerprint", "replay"], rec["first_log"]
+        assert rec["second"].ok and rec["second_log"] == ["replay", "fingerprint"], rec["second_log"]
+        replaced = rec["replaced"]
+        assert rec["replaced_log"] == ["replay", "fingerprint", "replay"], rec["replaced_log"]
+        assert not replaced.ok and [m.name for m in replaced.shard_mismatches] == [rec["param"]], (
+            replaced.message()
+        )
+        assert rec["moved_log"] == ["fingerprint", "replay"], rec["moved_log"]
+        assert not rec["moved"].ok, rec["moved"].message()
+
+
 # ------------------------------------------------------------------ the option (loop API)
 def _writes_back(runs: list[dict[str, Any]]) -> bool:
     return bool(runs[0]["behaviour"]["forced_sync_writes_back"])

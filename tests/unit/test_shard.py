@@ -111,7 +111,7 @@ def test_changed_scale_is_caught() -> None:
 # ------------------------------------------------------------------ NaN reaches the final report
 def test_a_nan_in_a_param_where_the_main_shard_has_a_number_is_wrong(path: str) -> None:
     """Issue 32.5: the kernel counts it, and so must the value re-judge of the flagged batch
-    (``_attribute_codes``), which is what fills the report: a NaN never compares equal."""
+    (``_attribute.Attribution``), which is what fills the report: a NaN never compares equal."""
     param, main = _param()
     param._rowwise_data[5, 40] = 0x7F  # E4M3 NaN; the main shard holds a number there
     report = _check(param, main)

@@ -42,6 +42,7 @@ PRIVATE = {
     "probes._source": "probes.fields",  # the installed megatron files as text, under every probe
     "probes._summary": "probes.fields",  # test_fields.py's summary-cache tests
     "testing._registry": "testing.emulated_mxfp8",  # test_emulated_mxfp8.py's registration test
+    "verify._attribute": "verify.shard",  # naming a failed batch's params (test_shard's failures)
     "verify._gather_kernel": "verify.fused",  # the own-write batches' gathers (fused.GatherLaunch)
     "verify._program_rows": "verify.fused",  # a program's item row (every launch's segments)
     "verify._te_rule_kernel": "verify.fused",  # the Triton kernel behind fused.py
