@@ -94,7 +94,7 @@ class ShardCheck:
     def restart(self, report: WeightReport, offset: int) -> None:
         """Ready the same plan for another call, at the sampled phase of ``offset``: fresh
         verdicts into ``report``."""
-        self.report, self.verdicts = report, []
+        self.report, self.verdicts, self._launched = report, [], False
         self.phase.set(offset)
         for i in self._dirty:  # only the slots a failed batch counted (not every param, every call)
             self.slots[i].differing, self.slots[i].worst = 0, 0.0

@@ -272,6 +272,38 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
         assert launches["gathers"] == (3 + 1) * 3 * stride, launches
 
 
+def test_a_launch_left_unread_is_not_taken_for_the_next_calls_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay launched ahead of a call's host work (``verify_weights`` launches it before the
+    fingerprint) whose call then never finished: the next call replays its own phase, not that
+    launch's (a block corrupted since, at the next call's phase, is found)."""
+    from mbridge_mxfp8_plugin.verify.batches import Owned
+    from mbridge_mxfp8_plugin.verify.read import reader_for
+    from mbridge_mxfp8_plugin.verify.report import WeightReport
+    from mbridge_mxfp8_plugin.verify.shard import ShardCheck
+
+    monkeypatch.setenv("MXFP8_VERIFY_TRITON", "0")
+    monkeypatch.setattr(graphs, "_GRAPHS_OFF", {})
+    monkeypatch.setattr(graphs, "on_cuda", lambda tensor: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
+        out = record()
+        return _Replaying(record, out, check), out
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    check = ShardCheck(WeightReport(event="t"), atol=0.0, stride=16, offset=0, budget_bytes=64 << 20)
+    (name, wide, main), _ = _shard_params()
+    check.add(name, wide, reader_for(wide), Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=True)
+    check.finish(max_names=5)
+    check.restart(WeightReport(event="t"), 1)
+    check.launch()  # ... and that call fails before it finishes
+    wide._rowwise_scale_inv[1, 3] += 1  # block 11 (8 a row): sampled at phase 11 only
+    report = WeightReport(event="t")
+    check.restart(report, 11)
+    check.finish(max_names=5)
+    assert not report.ok and [m.name for m in report.shard_mismatches] == ["wide"], report.message()
+
+
 def _count_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Launches of the fused kernels from now on, by name (a launch indexes the kernel by its grid),
     and the gathers of the values path (``index_select``)."""
