@@ -49,6 +49,17 @@ class Slot:
     tail: int = 0
     _at: dict[int, int] = field(default_factory=dict)
 
+    def count_every_phase(self, stride: int, tables: dict[Any, dict[int, int]]) -> None:
+        """Its elements at every phase, in a table shared with the slots of its geometry
+        (``tables``): a model's layers mostly share one, and a table each cost more than the rest
+        of a plan's first call."""
+        if self.sampled is None:
+            return
+        key = (self.sampled, self.tail)
+        if key not in tables:
+            tables[key] = {v: self.sampled.at(v).elements() + self.tail for v in range(stride)}
+        self._at = tables[key]
+
     def covered(self, value: int) -> int:
         """Elements compared at sampled phase ``value`` (host arithmetic, kept per phase)."""
         if self.sampled is None:

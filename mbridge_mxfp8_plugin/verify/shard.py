@@ -286,10 +286,10 @@ class ShardCheck:
             for it in batch.items:  # its type was refused by an earlier batch of this call
                 self.slots[it.slot].unchecked = self.refused[batch.key]
 
-    def _capturable(self, ran_eagerly: bool = False) -> bool:
-        """On a CUDA device, once the plan's first run has done every compare eagerly (which
-        settles what each batch key may do): right after it, so the second call replays."""
-        if self.graph is not None or self.no_graph or not self.reusable or not (self.runs or ran_eagerly):
+    def _capturable(self, first: bool = False) -> bool:
+        """On a CUDA device, from the plan's second run on, or at its first where ``first`` (what
+        each batch key may do is settled: by an eager run just done, or by the keys' probes)."""
+        if self.graph is not None or self.no_graph or not self.reusable or not (self.runs or first):
             return False
         if not self.planned or not graphs.on_cuda(self.planned[0].items[0].main):
             return False
@@ -299,6 +299,12 @@ class ShardCheck:
             return False
         return not torch.cuda.is_current_stream_capturing()
 
+    def _settled(self) -> bool:
+        """Whether no compare syncs with the host at its first run, so a first run may be recorded
+        without an eager one before it (one host pass instead of two): only a value-holding MXFP8
+        type's reading is self-checked there, unless its probe did it (a codes type's did)."""
+        return all(not b.mxfp8 or b.items[0].mxfp8_codes or b.key in self.trusted for b in self.planned)
+
     def _write_paths(self) -> frozenset[Any]:
         """The plan's batch keys that may fail a capture (a host sync in a quantized type's own
         write), or every key where it has none."""
@@ -306,7 +312,7 @@ class ShardCheck:
         quantized = frozenset(k for k in keys if k[0] or k[4] is not type(None))
         return quantized or keys
 
-    def _capture(self, replay: bool = True) -> None:
+    def _capture(self, replay: bool = True, tentative: bool = False) -> None:
         """Capture every compare of the plan as one CUDA graph and replay it (``replay=False``:
         after the first, eager run, whose verdicts stand; the replay's go unread: a graph's first
         launch uploads it, which the job's next call then does not pay).
@@ -317,7 +323,9 @@ class ShardCheck:
         (a full check of a 4B model has ~300 batches). The graphs share one memory pool, which
         holds one batch's intermediates (the budget) for as long as the plans are kept. Where the
         param type's write path cannot be captured (a host sync, a host-to-device copy), the
-        reason is kept in ``no_graph`` and the plan runs eagerly."""
+        reason is kept in ``no_graph`` and the plan runs eagerly. ``tentative``: a first run
+        recorded with no eager run before it; should that fail (a kernel's first compile, a
+        type's first write), the run goes eager and is recorded after, as it would have been."""
         for reference in self.references.values():
             reference.release()  # its instance is made inside the capture, in the graph's pool
         self.verdicts = []
@@ -335,12 +343,15 @@ class ShardCheck:
             return torch.stack([v for _, v in self.verdicts])
 
         try:
-            graph, stacked = graphs.capture(record, self._write_paths())
+            graph, stacked = graphs.capture(record, () if tentative else self._write_paths())
         except graphs.Uncapturable as exc:  # eager compares judge the same
-            self.no_graph = str(exc)
             self.verdicts = []
             for reference in self.references.values():
                 reference.release()
+            if tentative:  # a first run recorded before any eager one: that order, then a capture
+                self._run_eager_then_record()
+                return
+            self.no_graph = str(exc)
             if replay:
                 self._run_eager()
             return
@@ -349,6 +360,15 @@ class ShardCheck:
         graph.replay()
         if replay:
             self.verdicts = self.graph_verdicts
+
+    def _run_eager_then_record(self) -> None:
+        """Every compare eagerly, then recorded (its first launch uploads the graph, unread), so
+        the job's second call replays; or eagerly only, where the plan is not captured."""
+        self._run_eager()
+        if self._capturable(first=True):
+            eager = self.verdicts
+            self._capture(replay=False)
+            self.verdicts = eager
 
     def finish(self, max_names: int) -> None:
         """Flush what is left, read every batch's verdict in one transfer, attribute the
@@ -362,14 +382,10 @@ class ShardCheck:
                 self.graph.replay()
             self._launched = False
             self.verdicts = self.graph_verdicts
-        elif self._capturable():
-            self._capture()
+        elif self._capturable(first=self._settled()):
+            self._capture(tentative=not self.runs)
         else:
-            self._run_eager()
-            if self._capturable(ran_eagerly=True):  # recorded now, the job's second call replays
-                eager = self.verdicts
-                self._capture(replay=False)
-                self.verdicts = eager
+            self._run_eager_then_record()
         if self.runs == 0 and self.stride <= _KEPT_PHASES:
             self._count_every_phase()
         self.runs += 1
@@ -390,12 +406,12 @@ class ShardCheck:
         self._tally_mismatches(max_names)
 
     def _count_every_phase(self) -> None:
-        """Every slot's element count at every phase, at the plan's first run (the warm-up)."""
-        value = self.phase.value
+        """Every slot's element count at every phase, at the plan's first run (the warm-up), so
+        no later call works one out."""
+        tables: dict[Any, dict[int, int]] = {}
         for slot in self.slots:
-            for phase in range(self.stride):
-                slot.covered(phase)
-            slot.covered(value)
+            slot.count_every_phase(self.stride, tables)
+            slot.covered(self.phase.value)
 
     def _tally_checked(self) -> None:
         """What was checked and how (independent of the verdicts): counted once per phase where

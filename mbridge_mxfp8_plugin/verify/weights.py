@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import time
 import weakref
@@ -18,11 +20,11 @@ from ..mcore.layout import (
     buffers,
     chunk_bucket_groups,
     distributed_optimizers,
-    main_params,
     main_shards,
 )
 from ..options import DEFAULT_VERIFY_SAMPLE
 from .batches import Owned
+from .fingerprint import DATA_PTR, fingerprint
 from .probe import Probed
 from .read import Reader, reader_for
 from .replica import fold_sources, group_size, reduce_folds, row_sums
@@ -107,11 +109,6 @@ def _buffer_params(chunks: list[Any]) -> Iterator[tuple[Any, Any]]:
                 yield group, param
 
 
-def _params_of(chunks: list[Any]) -> list[Any]:
-    """Every buffer param in buffer order, as a list (the fingerprint reads it at every check)."""
-    return [p for ref in buffers(chunks) for bucket in ref.bucket_list for p in bucket_params(bucket)]
-
-
 def _unchecked_reason(param: Any, own: Owned, fp8: bool, mxfp8: bool) -> str:
     if own.main is None:
         return "main params live inside the optimizer (precision-aware)"
@@ -160,7 +157,38 @@ def verify_weights(
     if offset is None:
         offset = next(_CALLS)
     report = WeightReport(event=event, sample=1.0 / stride, accept_unchecked=accept_unchecked)
-    chunks = _model_chunks(model_chunks)
+    with _collector_paused():
+        _check(report, _model_chunks(model_chunks), optimizer, atol, max_names, stride, offset)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic collector off for one check. A plan's first call allocates tens of
+    thousands of small objects (its geometry, batches, views) and keeps most of them: the passes
+    of the collector they trigger walk the whole job's heap (megatron-core's modules, torch's),
+    which was a third of a first call's host time on a toy job, and grows with the job. Nothing
+    is lost: what it would have freed is freed at its next pass, after the check."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _check(
+    report: WeightReport,
+    chunks: list[Any],
+    optimizer: Any,
+    atol: float,
+    max_names: int,
+    stride: int,
+    offset: int,
+) -> None:
     from megatron.core import fp8_utils
 
     # What else a plan depends on: the budget, the quantized types core recognises. Not the
@@ -196,8 +224,6 @@ def verify_weights(
         plans[key] = plan
     report.params_hashed = sum(len(v[1]) for v in hashes.values())
     reduce_folds(hashes, report, max_names, plan.device)
-    report.seconds = time.perf_counter() - t0
-    return report
 
 
 def _kept_plan(
@@ -208,8 +234,7 @@ def _kept_plan(
     if the fingerprint then finds the layout unchanged."""
     early = _replay_early(optimizer, key, report, offset)
     addressed: list[torch.Tensor] = []
-    fingerprint = _fingerprint(chunks, optimizer, addressed)
-    layout = _layout_of(optimizer, fingerprint, addressed)
+    layout = _layout_of(optimizer, fingerprint(chunks, optimizer, addressed), addressed)
     plan = layout.plans.get(key) if layout is not None else None
     if early is not None and early is not plan:  # the layout changed: that replay is not read
         early.check.abandon()
@@ -237,7 +262,7 @@ def _replay_early(optimizer: Any, key: tuple[Any, ...], report: WeightReport, of
     if plan is None or not plan.check.replayable():
         return None
     try:
-        if list(map(_DATA_PTR, layout.addressed)) != layout.pointers:  # type: ignore[union-attr]
+        if list(map(DATA_PTR, layout.addressed)) != layout.pointers:  # type: ignore[union-attr]
             return None
     except (RuntimeError, NotImplementedError, TypeError):
         return None
@@ -246,118 +271,21 @@ def _replay_early(optimizer: Any, key: tuple[Any, ...], report: WeightReport, of
     return plan
 
 
-def _layout_of(optimizer: Any, fingerprint: tuple[Any, ...], addressed: list[torch.Tensor]) -> _Layout | None:
-    """What is kept for this layout, or None where nothing can be kept."""
-    if not fingerprint:
+def _layout_of(optimizer: Any, taken: tuple[Any, ...], addressed: list[torch.Tensor]) -> _Layout | None:
+    """What is kept for this layout (its fingerprint ``taken``), or None where nothing can be kept."""
+    if not taken:
         return None
     try:
         layout = _PLANS.get(optimizer)
-        if layout is None or layout.fingerprint != fingerprint:
-            pointers = list(map(_DATA_PTR, addressed))
-            layout = _PLANS[optimizer] = _Layout(fingerprint, addressed=addressed, pointers=pointers)
+        if layout is None or layout.fingerprint != taken:
+            pointers = list(map(DATA_PTR, addressed))
+            layout = _PLANS[optimizer] = _Layout(taken, addressed=addressed, pointers=pointers)
     except TypeError:  # not weakly referenceable: nothing is kept
         return None
     return layout
 
 
-def _fingerprint(chunks: list[Any], optimizer: Any, addressed: list[Any] | None = None) -> tuple[Any, ...]:
-    """Which tensors, at which addresses, a plan reads: every buffer param (the codes, scales or
-    per-tensor FP8 bytes it holds) and every main shard. A plan is reused only while this is
-    unchanged, so its views never read memory the params or the optimizer have moved away from.
-    Empty where it cannot be taken (nothing is then reused).
-
-    Taken at every check, so it is built as cheaply as Python allows: on one H200 it was most of
-    a replayed sampled check's host time (0.3-0.6 ms of 1.0-1.2 ms at 1B, 120 params). The
-    tensors are listed first, then addressed in C loops (``map``): the objects, and their first
-    elements' pointers (``data_ptr`` includes the storage offset, so a moved view or a swapped
-    storage changes it). ``addressed`` receives the tensors whose pointers it took."""
-    parts: list[Any] = []
-    add = parts.append
-    tensors: list[Any] = []
-    try:
-        # One subclass-dispatch guard for the whole walk: entered per tensor it cost more than
-        # the reads.
-        with torch._C.DisableTorchFunctionSubclass():
-            for param in _params_of(chunks):
-                kind = type(param)
-                add(kind)
-                add(param.shape)
-                tensors.append(param)
-                own = param.__dict__
-                if kind in _PLAIN and _ATTRS.isdisjoint(own):
-                    tensors.extend(_NO_HELD)  # a plain param holds none of them (no lookups that miss)
-                    parts.extend(_NO_LAYOUT)
-                    continue
-                declared = _DECLARED.get(kind)
-                if declared is None:
-                    declared = _DECLARED[kind] = _declared(kind)
-                if declared:  # a property, a slot, a class default, __getattr__: ask getattr
-                    tensors.extend(getattr(param, name, None) for name in _HELD_ATTRS)
-                    parts.extend(getattr(param, name, None) for name in _LAYOUT_ATTRS)
-                else:  # instance attributes only: the dict answers, a miss without an exception
-                    tensors.extend(map(own.get, _HELD_ATTRS))
-                    parts.extend(map(own.get, _LAYOUT_ATTRS))
-            tensors.extend(main_params(optimizer))
-            parts.extend(map(id, tensors))
-            parts.extend(_pointers(tensors, addressed))
-    except (AttributeError, TypeError, RuntimeError):
-        return ()
-    return tuple(parts)
-
-
-def _pointers(tensors: list[Any], addressed: list[Any] | None = None) -> list[int]:
-    """``data_ptr`` of every tensor with storage, in order (None, and types seen without
-    storage, are left out; their objects are in the fingerprint already); those tensors are
-    appended to ``addressed``."""
-    no_storage = _NO_STORAGE
-    if no_storage:
-        kept = [t for t in tensors if t is not None and type(t) not in no_storage]
-    else:
-        kept = [t for t in tensors if t is not None]
-    try:
-        out = list(map(_DATA_PTR, kept))
-    except (RuntimeError, NotImplementedError, TypeError):  # a storage-less wrapper, a non-tensor
-        out, fine = [], []
-        for tensor in kept:
-            try:
-                out.append(_DATA_PTR(tensor))
-                fine.append(tensor)
-            except (RuntimeError, NotImplementedError, TypeError):
-                if isinstance(tensor, torch.Tensor) and type(tensor) not in _PLAIN:
-                    no_storage.add(type(tensor))
-        kept = fine
-    if addressed is not None:
-        addressed.extend(kept)
-    return out
-
-
 _REGISTRY_ATTRS = ("HAVE_TE_FP8_TENSOR_CLASS", "FP8_TENSOR_CLASS", "HAVE_TE_MXFP8TENSOR", "MXFP8Tensor")
-_LAYOUT_ATTRS = ("_fp8_dtype", "_with_gemm_swizzled_scales", "_quantizer")
-#: The tensors a quantized param holds that the check reads or folds (``read``, ``replica``).
-_HELD_ATTRS = ("_rowwise_data", "_rowwise_scale_inv", "_data", "_scale_inv")
-
-
-#: Param types that hold values only: none of the attributes above unless set on the instance.
-_PLAIN = (torch.nn.Parameter, torch.Tensor)
-_ATTRS = frozenset(_HELD_ATTRS + _LAYOUT_ATTRS)
-#: What a param without those attributes lists for them.
-_NO_HELD: tuple[None, ...] = (None,) * len(_HELD_ATTRS)
-_NO_LAYOUT: tuple[None, ...] = (None,) * len(_LAYOUT_ATTRS)
-_DATA_PTR = torch.Tensor.data_ptr
-#: Per param type, which of those names its class declares (a property, a slot, a class default),
-#: or all of them where it resolves names itself (``__getattr__``).
-_DECLARED: dict[type, frozenset[str]] = {}
-
-
-def _declared(kind: type) -> frozenset[str]:
-    if any("__getattr__" in vars(k) for k in kind.__mro__ if k is not object):
-        return _ATTRS
-    return frozenset(n for n in _ATTRS if any(n in vars(k) for k in kind.__mro__))
-
-
-#: Tensor subclasses seen without storage (wrapper subclasses): addressed by object alone, so
-#: their ``data_ptr`` is not asked (and refused) again at every check.
-_NO_STORAGE: set[type] = set()
 
 
 def _make_plan(

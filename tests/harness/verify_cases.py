@@ -22,6 +22,7 @@ forced sync leaves it, and the fp32 main shards). The cases on params holding co
 
 from __future__ import annotations
 
+import gc
 import os
 import warnings
 from typing import Any
@@ -371,17 +372,20 @@ def _case_early_replay() -> dict[str, Any]:
     train(job, ITERS)
     ensure_weights_current(job.model, job.optimizer)
     log: list[str] = []
-    saved = (graphs.on_cuda, graphs.capture, weights._fingerprint, torch.cuda.is_current_stream_capturing)
+    saved = (graphs.on_cuda, graphs.capture, weights.fingerprint, torch.cuda.is_current_stream_capturing)
 
     def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
         out = record()
         return _StandInGraph(record, out, log), out
 
+    collector: list[bool] = []
+
     def fingerprint(*args: Any) -> Any:
         log.append("fingerprint")
+        collector.append(gc.isenabled())
         return saved[2](*args)
 
-    graphs.on_cuda, graphs.capture, weights._fingerprint = (lambda t: True), capture, fingerprint
+    graphs.on_cuda, graphs.capture, weights.fingerprint = (lambda t: True), capture, fingerprint
     torch.cuda.is_current_stream_capturing = lambda: False
     weights._PLANS.clear()
     rec: dict[str, Any] = {}
@@ -407,10 +411,11 @@ def _case_early_replay() -> dict[str, Any]:
             moved.data = moved.data.clone()  # the same object, its storage moved (freed in place)
         check("moved")
     finally:
-        graphs.on_cuda, graphs.capture, weights._fingerprint = saved[:3]
+        graphs.on_cuda, graphs.capture, weights.fingerprint = saved[:3]
         torch.cuda.is_current_stream_capturing = saved[3]
         weights._PLANS.clear()
     rec["param"] = next(n for n, p in job.model[0].named_parameters() if p is param)
+    rec["collector"] = (collector, gc.isenabled())  # during each check, after the last
     return rec
 
 

@@ -304,6 +304,97 @@ def test_a_launch_left_unread_is_not_taken_for_the_next_calls_replay(monkeypatch
     assert not report.ok and [m.name for m in report.shard_mismatches] == ["wide"], report.message()
 
 
+def _first_call_setup(
+    monkeypatch: pytest.MonkeyPatch, fail_first: bool = False
+) -> tuple[list[Any], list[Any]]:
+    """Graphs stood in on CPU (no kernels): the captures made (their ``paths``), and the check's
+    eager runs, recorded; ``fail_first``: the first capture fails as a first compile could."""
+    from mbridge_mxfp8_plugin.verify.shard import ShardCheck
+
+    monkeypatch.setenv("MXFP8_VERIFY_TRITON", "0")
+    monkeypatch.setattr(graphs, "_GRAPHS_OFF", {})
+    monkeypatch.setattr(graphs, "on_cuda", lambda tensor: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    captures: list[Any] = []
+    eager: list[Any] = []
+
+    def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
+        captures.append(tuple(paths))
+        if fail_first and len(captures) == 1:
+            raise graphs.Uncapturable("not capturable (a first compile)")
+        out = record()
+        cells = [c.cell_contents for c in record.__closure__ or ()]
+        return _Replaying(record, out, next(c for c in cells if isinstance(c, ShardCheck))), out
+
+    run_eager = ShardCheck._run_eager
+
+    def counted(self: Any) -> None:
+        eager.append(1)
+        run_eager(self)
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    monkeypatch.setattr(ShardCheck, "_run_eager", counted)
+    return captures, eager
+
+
+def _values_param() -> tuple[torch.Tensor, torch.Tensor]:
+    """The kit's value-holding MXFP8 type (its reading is self-checked at its first compare)."""
+    from mbridge_mxfp8_plugin.common.mxfp8_cast import mxfp8_quantize
+    from mbridge_mxfp8_plugin.testing.emulated_mxfp8 import EmulatedMXFP8Tensor
+
+    values = torch.randn(64, 128, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    param = mxfp8_quantize(values).to(torch.bfloat16).as_subclass(EmulatedMXFP8Tensor)
+    return param, values.float().reshape(-1)
+
+
+@pytest.mark.parametrize("kind", ["codes", "values"])
+def test_a_settled_plans_first_call_is_recorded_with_no_eager_run_before_it(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """One host pass at a plan's first call where none of its compares syncs with the host there:
+    a codes type's reading was settled by its probe's write. A value-holding MXFP8 type's is
+    self-checked at its first compare (a host sync, which a capture refuses), so its plan runs
+    eagerly first and is recorded after. Either way the second call replays."""
+    from mbridge_mxfp8_plugin.verify.batches import Owned
+    from mbridge_mxfp8_plugin.verify.read import reader_for
+    from mbridge_mxfp8_plugin.verify.report import WeightReport
+    from mbridge_mxfp8_plugin.verify.shard import ShardCheck
+
+    captures, eager = _first_call_setup(monkeypatch)
+    param, main = _values_param() if kind == "values" else _shard_params()[0][1:]
+    check = ShardCheck(WeightReport(event="t"), atol=0.0, stride=16, offset=0, budget_bytes=64 << 20)
+    check.add("w", param, reader_for(param), Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=True)
+    check.finish(max_names=5)
+    assert check.report.ok and check.report.elements_checked > 0, check.report.message()
+    assert len(captures) == 1 and check.graph is not None
+    assert len(eager) == (0 if kind == "codes" else 1), eager
+    report = WeightReport(event="t")
+    check.restart(report, 1)
+    check.finish(max_names=5)
+    assert report.ok and len(eager) == (0 if kind == "codes" else 1) and len(captures) == 1
+
+
+def test_a_first_recording_that_fails_runs_eagerly_and_is_recorded_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A capture with no eager run before it may fail where one after it would not (a kernel's
+    first compile, a type's first write): that failure does not turn captures off for the plan's
+    write paths; the call runs eagerly and is recorded after, as a plan's first call otherwise is."""
+    from mbridge_mxfp8_plugin.verify.batches import Owned
+    from mbridge_mxfp8_plugin.verify.read import reader_for
+    from mbridge_mxfp8_plugin.verify.report import WeightReport
+    from mbridge_mxfp8_plugin.verify.shard import ShardCheck
+
+    captures, eager = _first_call_setup(monkeypatch, fail_first=True)
+    (_, param, main), _ = _shard_params()
+    check = ShardCheck(WeightReport(event="t"), atol=0.0, stride=16, offset=0, budget_bytes=64 << 20)
+    check.add("w", param, reader_for(param), Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=True)
+    check.finish(max_names=5)
+    assert check.report.ok and check.report.elements_checked > 0, check.report.message()
+    assert eager == [1] and len(captures) == 2 and captures[0] == () and captures[1], captures
+    assert check.graph is not None and not check.no_graph and graphs.refusal(captures[1]) == ""
+
+
 def _count_launches(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Launches of the fused kernels from now on, by name (a launch indexes the kernel by its grid),
     and the gathers of the values path (``index_select``)."""

@@ -1,5 +1,5 @@
-"""verify/weights.py's layout fingerprint, taken at every check: a kept plan is reused only while
-every tensor it reads is the same object at the same address. Rewritten flat for speed (issue 32:
+"""verify/fingerprint.py, taken at every check: a kept plan is reused only while every tensor it
+reads is the same object at the same address. Rewritten flat for speed (issue 32:
 it was most of a replayed check's host time), so each way a plan can go stale is pinned here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from harness.tensors import StoragelessTensor
 
-from mbridge_mxfp8_plugin.verify import weights
+from mbridge_mxfp8_plugin.verify import fingerprint
 
 
 @pytest.fixture
@@ -21,13 +21,13 @@ def layout(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     plain = torch.nn.Parameter(torch.randn(64))
     mains = [torch.randn(256), torch.randn(64)]
     state = {"params": [quantized, plain], "mains": mains}
-    monkeypatch.setattr(weights, "_params_of", lambda chunks: list(state["params"]))
-    monkeypatch.setattr(weights, "main_params", lambda optimizer: list(state["mains"]))
+    monkeypatch.setattr(fingerprint, "params_of", lambda chunks: list(state["params"]))
+    monkeypatch.setattr(fingerprint, "main_params", lambda optimizer: list(state["mains"]))
     return state
 
 
 def _fp() -> tuple[Any, ...]:
-    return weights._fingerprint([], None)
+    return fingerprint.fingerprint([], None)
 
 
 def test_unchanged_tensors_give_the_same_fingerprint(layout: dict[str, Any]) -> None:
@@ -54,6 +54,18 @@ def test_each_way_a_plan_goes_stale_changes_it(layout: dict[str, Any], change: s
     else:
         quantized._quantizer = object()
     assert _fp() != before
+
+
+def test_the_tensors_it_addressed_are_those_a_plan_reads_by_address(layout: dict[str, Any]) -> None:
+    """What a kept graph's launch is guarded by (``weights._replay_early`` compares their
+    addresses): the codes and scales a quantized param holds, a plain param, every main shard."""
+    addressed: list[Any] = []
+    fingerprint.fingerprint([], None, addressed)
+    quantized, plain = layout["params"]
+    want = {id(t) for t in (quantized._rowwise_data, quantized._rowwise_scale_inv, plain, *layout["mains"])}
+    got = {id(t) for t in addressed}
+    # the quantized param itself too where it has storage (the kit's; TE's is a storage-less wrapper)
+    assert want <= got <= want | {id(quantized)}, [type(t).__name__ for t in addressed]
 
 
 def test_a_plain_param_with_one_of_the_attributes_is_read_as_the_others(layout: dict[str, Any]) -> None:
