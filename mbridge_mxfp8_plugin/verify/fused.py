@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from . import _tables
+from ._tables import Segment, Tables
 from .read import BLOCK, Blocks, Reader
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "GatherLaunch",
     "Launch",
     "Segment",
+    "Tables",
     "ValuesLaunch",
     "available",
     "compare",
@@ -116,36 +119,6 @@ def compare(
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Segment:
-    """Up to ``_program_rows.MAX_ROWS`` items of a batch's table, on the device: one launch of
-    ``programs`` programs, each finding its item's row by the row's first program (counted from
-    0 in each segment)."""
-
-    items: torch.Tensor  # int64, (rows, fields)
-    rows: int
-    programs: int
-    bound: int  # the kernel's ROWS (``_program_rows.MAX_ROWS``)
-
-    @property
-    def grid(self) -> tuple[int]:
-        return (self.programs,)
-
-
-def _segments(table: torch.Tensor, chunks: list[int], field: int, device: Any) -> tuple[Segment, ...]:
-    """``table``'s rows (``chunks`` programs each) as segments a kernel can search, each row's
-    first program written into column ``field`` (counted from 0 in each segment); made at plan
-    time, one host-to-device copy each."""
-    from . import _program_rows
-
-    out, most = [], _program_rows.MAX_ROWS
-    for lo in range(0, table.shape[0], most):
-        part, counts = table[lo : lo + most].clone(), torch.tensor(chunks[lo : lo + most])
-        part[:, field] = counts.cumsum(0) - counts
-        out.append(Segment(part.to(device), part.shape[0], int(counts.sum()), most))
-    return tuple(out)
-
-
 #: A row of a batch's item table, in the order the kernel reads it (``_te_cast_compare_items``):
 #: offsets from the first item's main shard and codes (elements, divided by the launch's
 #: ``off_div``) and scales (bytes), the item's first program, then its ``Blocks.kernel_args``,
@@ -183,7 +156,7 @@ class Launch:
             )  # fmt: skip
 
 
-def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
+def launch(items: Sequence[Any], round_bf16: bool, tables: Tables | None = None) -> Launch | None:
     """One launch for a batch's ``items`` (``batches.Item``: main shard, shard start, reader,
     blocks), or None where they cannot share one: main shards of two dtypes or devices, or an
     address that is no whole element away from the first item's (then a launch per item)."""
@@ -191,7 +164,7 @@ def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
     assert first.reader.scales is not None
     tensors = (first.main, first.reader.flat, first.reader.scales)
     rows: list[list[int]] = []
-    chunks: list[int] = []  # programs per row (``_segments`` writes each row's first program)
+    chunks: list[int] = []  # programs per row (``_tables.segments`` writes each row's first program)
     for it in items:
         offsets = _offsets(zip((it.main, it.reader.flat, it.reader.scales), tensors, strict=True))
         if offsets is None:
@@ -207,7 +180,7 @@ def launch(items: Sequence[Any], round_bf16: bool) -> Launch | None:
     last_div = BLOCK if bool((table[:, 10] % BLOCK == 0).all()) else 1
     table[:, :2] //= off_div
     table[:, 10] //= last_div
-    segments = _segments(table, chunks, ITEM_FIELDS.index("program"), first.main.device)
+    segments = _tables.segments(table, chunks, ITEM_FIELDS.index("program"), first.main.device, tables)
     return Launch(*tensors, segments, off_div, last_div, round_bf16)
 
 
@@ -251,7 +224,11 @@ class ValuesLaunch:
 
 
 def values_launch(
-    items: Sequence[Any], round_to: torch.dtype | None, dtype: torch.dtype, atol: float
+    items: Sequence[Any],
+    round_to: torch.dtype | None,
+    dtype: torch.dtype,
+    atol: float,
+    tables: Tables | None = None,
 ) -> ValuesLaunch | None:
     """One launch for a values batch's ``items`` (param dtype ``dtype``), or None where the
     kernel does not read them: no kernel on their device, codes, a dtype it does not round, or
@@ -263,7 +240,7 @@ def values_launch(
     if got0.dtype != dtype or got0.device != main0.device or not available(got0.device):
         return None
     rows: list[list[int]] = []
-    chunks: list[int] = []  # programs per row (``_segments`` writes each row's first program)
+    chunks: list[int] = []  # programs per row (``_tables.segments`` writes each row's first program)
     for it in items:
         if it.reader.scales is not None or it.mxfp8_codes or not it.blocks.aligned:
             return None
@@ -283,7 +260,7 @@ def values_launch(
     table = torch.tensor(rows, dtype=torch.int64)
     off_div = 16 if bool((table[:, :2] % 16 == 0).all()) else 1
     table[:, :2] //= off_div
-    segments = _segments(table, chunks, VALUE_FIELDS.index("program"), got0.device)
+    segments = _tables.segments(table, chunks, VALUE_FIELDS.index("program"), got0.device, tables)
     rounds = _ROUNDING[round_to], _ROUNDING[dtype]
     return ValuesLaunch(got0, main0, segments, off_div, *rounds, atol)
 
@@ -342,7 +319,9 @@ class GatherLaunch:
         return count
 
 
-def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherLaunch | None:
+def gather_launch(
+    items: Sequence[Any], round_to: torch.dtype | None, tables: Tables | None = None
+) -> GatherLaunch | None:
     """One gather launch for an own-write batch's ``items`` (codes read), or None where the
     kernel does not read them (they keep ``main_rows`` and ``got_bytes``): no kernel on their
     device, a rounding it does not make, ragged rows, tensors of two dtypes or devices."""
@@ -354,7 +333,7 @@ def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherL
     if codes0.device != main0.device or scales0.device != main0.device or not available(main0.device):
         return None
     rows: list[list[int]] = []
-    chunks: list[int] = []  # programs per row (``_segments`` writes each row's first program)
+    chunks: list[int] = []  # programs per row (``_tables.segments`` writes each row's first program)
     out = 0
     for it in items:
         if not it.mxfp8_codes or not it.blocks.aligned or it.tail is not None:
@@ -374,7 +353,7 @@ def gather_launch(items: Sequence[Any], round_to: torch.dtype | None) -> GatherL
         chunks.append(1)
     bits = torch.int16 if main0.dtype.itemsize == 2 else torch.int32
     table = torch.tensor(rows, dtype=torch.int64)
-    segments = _segments(table, chunks, GATHER_FIELDS.index("program"), main0.device)
+    segments = _tables.segments(table, chunks, GATHER_FIELDS.index("program"), main0.device, tables)
     rows_dtype = round_to or main0.dtype
     return GatherLaunch(main0.view(bits), codes0, scales0, segments, out, rows_dtype, cast)
 

@@ -32,6 +32,8 @@ from .sampling import Phase, sampled_mxfp8, sampled_runs
 
 __all__ = ["ShardCheck"]
 
+#: A batch's one launch (``fused``), or None where its items keep the per-item path.
+_Launch = fused.Launch | fused.ValuesLaunch | fused.GatherLaunch | None
 #: Phases whose eager batches (views only) a plan keeps: every phase of the default sample.
 _KEPT_PHASES = 64
 
@@ -72,7 +74,7 @@ class ShardCheck:
         self._flags: torch.Tensor | None = None  # per call: differing bytes per fused batch
         self._flag_of: dict[int, int] = {}
         # batch -> its one launch in a capture (fused, values or own-write gathers; None: none)
-        self._launches: dict[int, fused.Launch | fused.ValuesLaunch | fused.GatherLaunch | None] = {}
+        self._launches: dict[int, _Launch] = {}
         self.verdicts: list[tuple[Batch, torch.Tensor]] = []
         self.planned: list[Batch] = []  # sealed batches, in the order they are compared
         self.reusable = True  # False once a compare was refused (the plan is not kept)
@@ -186,17 +188,25 @@ class ShardCheck:
 
     def _plan_launches(self) -> None:
         """The fused and values batches' item tables, made once per plan before any run (never
-        in a capture, which would record their copies to the device, not their values)."""
+        in a capture, which would record their copies to the device, not their values), sent to
+        the device in one copy."""
+        tables, made = fused.Tables(), dict[int, _Launch]()
         for batch in self.planned:
             if id(batch) in self._launches:
                 continue
+            one: _Launch
             if batch.key in self.fused:
-                self._launches[id(batch)] = fused.launch(batch.items, batch.round_to is not None)
+                one = fused.launch(batch.items, batch.round_to is not None, tables)
             elif not batch.mxfp8 and batch.key not in self.refused:
                 dtype = batch.param.dtype
-                self._launches[id(batch)] = fused.values_launch(batch.items, batch.round_to, dtype, self.atol)
+                one = fused.values_launch(batch.items, batch.round_to, dtype, self.atol, tables)
             elif batch.items[0].mxfp8_codes and batch.key not in self.refused:
-                self._launches[id(batch)] = fused.gather_launch(batch.items, batch.round_to)
+                one = fused.gather_launch(batch.items, batch.round_to, tables)
+            else:
+                continue
+            made[id(batch)] = one
+        tables.upload()  # before any launch is kept: none reads a table still on the host
+        self._launches.update(made)
 
     def _new_flags(self) -> None:
         """Zeroed counters for this call's fused and kernel-compared values batches (inside a

@@ -581,6 +581,36 @@ def test_an_own_write_batch_is_gathered_and_compared_by_one_launch_each(
     assert gathers.count == stride * len(want) and compares.count == 2 * stride * len(want)
 
 
+def test_a_plans_tables_reach_the_device_as_views_of_one_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Tables``: every segment of every launch made with it is, after ``upload``, a view of one
+    tensor (one copy to the device, not one per segment), and reads as its own table did: the
+    launches give the rows and counts of launches made without it."""
+    from mbridge_mxfp8_plugin.verify import _program_rows
+    from mbridge_mxfp8_plugin.verify.batches import main_rows
+
+    monkeypatch.setattr(_program_rows, "MAX_ROWS", 2)  # several segments per launch
+    batch, phase = _own_batch(4, torch.float32, torch.bfloat16)
+    tables = fused.Tables()
+    kept = [fused.gather_launch(batch.items, torch.bfloat16, tables) for _ in range(2)]
+    alone = fused.gather_launch(batch.items, torch.bfloat16)
+    assert alone is not None and kept[0] is not None and kept[1] is not None
+    assert [s.items.shape for s in kept[0].segments] == [s.items.shape for s in alone.segments]
+    tables.upload()
+    held = [s.items for one in kept if one is not None for s in one.segments]
+    assert len(held) == 6 and len({t.untyped_storage().data_ptr() for t in held}) == 1
+    assert len({s.items.untyped_storage().data_ptr() for s in alone.segments}) == 3
+    for offset in range(4):
+        phase.set(offset)
+        phase.begin()
+        at = phase.tensor(torch.device("cpu"))
+        want = main_rows(batch)
+        codes = torch.zeros(want.shape, dtype=torch.uint8)
+        scales = torch.zeros(want.shape[0], dtype=torch.uint8)
+        for one in (kept[0], kept[1]):
+            assert torch.equal(one(at).view(torch.int16), want.view(torch.int16)), offset
+            assert int(one.differing(codes, scales, at)) == int(alone.differing(codes, scales, at)) > 0
+
+
 def test_own_write_batches_the_gather_does_not_read_keep_the_gathers() -> None:
     """Ragged rows, a rounding it does not make, main shards of two dtypes: None."""
     from dataclasses import replace

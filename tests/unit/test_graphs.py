@@ -228,6 +228,9 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
     check.add("plain", plain, Reader(plain), Owned(plain_main, 0, plain.numel(), torch.bfloat16), mxfp8=False)
     check.finish(max_names=5)  # the first call: eager, then recorded and launched once (unread)
     assert len(made) == 1 and made[0].replays == 1
+    tables = [s.items for one in check._launches.values() if one is not None for s in one.segments]
+    assert len(tables) == (0 if fused_on == "0" else 2)  # the params' launch and the bf16 param's
+    assert len({t.untyped_storage().data_ptr() for t in tables}) <= 1  # sent in one copy
     launches = _count_launches(monkeypatch)
     _, wide, _ = params[0]
     wide._rowwise_scale_inv[5, 3] += 1  # global block 43: sampled at phase 43 % 16 == 11 only

@@ -45,6 +45,7 @@ PRIVATE = {
     "verify._attribute": "verify.shard",  # naming a failed batch's params (test_shard's failures)
     "verify._gather_kernel": "verify.fused",  # the own-write batches' gathers (fused.GatherLaunch)
     "verify._program_rows": "verify.fused",  # a program's item row (every launch's segments)
+    "verify._tables": "verify.fused",  # the launches' tables and their one copy to the device
     "verify._te_rule_kernel": "verify.fused",  # the Triton kernel behind fused.py
     "verify._values_kernel": "verify.fused",  # the values batches' Triton kernel (fused.ValuesLaunch)
 }
