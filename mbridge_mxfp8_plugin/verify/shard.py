@@ -187,9 +187,8 @@ class ShardCheck:
         self.verdicts.append((batch, flags[slot]))
 
     def _plan_launches(self) -> None:
-        """The fused and values batches' item tables, made once per plan before any run (never
-        in a capture, which would record their copies to the device, not their values), sent to
-        the device in one copy."""
+        """The batches' item tables, made once per plan before any run and sent in one copy (never
+        in a capture, which would record their copies to the device, not their values)."""
         tables, made = fused.Tables(), dict[int, _Launch]()
         for batch in self.planned:
             if id(batch) in self._launches:

@@ -14,28 +14,22 @@ from typing import Any
 
 import pytest
 import torch
+from harness.fused_batches import (
+    VALUE_SHAPES,
+    Launches,
+    fused_items,
+    own_batch,
+    te_reader,
+    values_batch,
+    wide,
+)
 
-from mbridge_mxfp8_plugin.common.mxfp8_cast import mxfp8_cast
 from mbridge_mxfp8_plugin.verify import fused
 from mbridge_mxfp8_plugin.verify.read import BLOCK, Blocks, Reader
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="Triton was imported before the interpreter was chosen"
 )
-
-
-def _wide(rows: int, last: int, seed: int) -> torch.Tensor:
-    """fp32 rows whose blocks span amax from 2**-40 to 2**40 (not bf16-exact)."""
-    gen = torch.Generator().manual_seed(seed)
-    scale = torch.exp2(torch.randint(-40, 40, (rows, 1), generator=gen).float())
-    return torch.randn(rows, last, generator=gen) * scale
-
-
-def _te_reader(values: torch.Tensor) -> tuple[Reader, torch.Tensor, torch.Tensor]:
-    """A param's codes and scales as TE's rule writes ``values`` (already as the gather rounds them)."""
-    codes, scales = mxfp8_cast(values)
-    codes, scales = codes.view(torch.uint8).reshape(-1).clone(), scales.reshape(-1).clone()
-    return Reader(codes, scales, -(-values.shape[-1] // BLOCK), torch.float8_e4m3fn), codes, scales
 
 
 def _count(main: torch.Tensor, base: int, reader: Reader, blocks: Blocks, rounding: bool) -> int:
@@ -71,8 +65,8 @@ def test_the_judge_switch_leaves_the_byte_moving_kernels_on(monkeypatch: pytest.
 @pytest.mark.parametrize("last", [256, 96, 45])
 @pytest.mark.parametrize("rounding", [True, False])
 def test_no_differing_byte_where_te_rule_wrote(last: int, rounding: bool) -> None:
-    main = _wide(24, last, seed=last)
-    reader, _, _ = _te_reader(main.to(torch.bfloat16) if rounding else main)
+    main = wide(24, last, seed=last)
+    reader, _, _ = te_reader(main.to(torch.bfloat16) if rounding else main)
     blocks = Blocks(last=last, start=0, count=24 * -(-last // BLOCK), step=1)
     assert _count(main.reshape(-1), 0, reader, blocks, rounding) == 0
     # Without the bf16 rounding the gather applies, the fp32 values cast to other bytes.
@@ -84,9 +78,9 @@ def test_no_differing_byte_where_te_rule_wrote(last: int, rounding: bool) -> Non
 def test_nan_on_both_sides_is_equal_whatever_its_sign(sign: float) -> None:
     """torch's fp32 -> bf16 conversion may flip a NaN's sign (the CPU one makes 0xFFFF); NaN
     against NaN is no difference, as in the byte compare of the type's own write."""
-    main = _wide(4, 64, seed=3)
+    main = wide(4, 64, seed=3)
     main[1, 5] = sign * float("nan")
-    reader, codes, _ = _te_reader(main.to(torch.bfloat16))
+    reader, codes, _ = te_reader(main.to(torch.bfloat16))
     blocks = Blocks(last=64, start=0, count=8, step=1)
     assert _count(main.reshape(-1), 0, reader, blocks, True) == 0
     codes[1 * 64 + 5] = 0x3C  # a number where the main shard has NaN
@@ -97,14 +91,14 @@ def test_crafted_blocks_agree_with_the_te_rule() -> None:
     rows = fused.crafted_rows("cpu")
     assert rows.shape[0] % BLOCK == 0
     assert torch.equal(rows, rows.to(torch.bfloat16).float())  # bf16-exact: rounding changes nothing
-    reader, _, _ = _te_reader(rows.to(torch.bfloat16))
+    reader, _, _ = te_reader(rows.to(torch.bfloat16))
     assert fused.differing_bytes(rows, reader, round_bf16=True) == 0
     assert fused.differing_bytes(rows, reader, round_bf16=False) == 0
 
 
 def test_counts_every_changed_code_and_scale_byte() -> None:
-    main = _wide(16, 128, seed=1)
-    reader, codes, scales = _te_reader(main.to(torch.bfloat16))
+    main = wide(16, 128, seed=1)
+    reader, codes, scales = te_reader(main.to(torch.bfloat16))
     blocks = Blocks(last=128, start=0, count=16 * 4, step=1)
     codes[[3, 700, 2047]] ^= 0x01
     scales[[5, 60]] += 1
@@ -115,8 +109,8 @@ def test_sampled_blocks_of_a_shard() -> None:
     """Every ``step``-th block from global block ``start`` of a param whose main shard begins at
     element ``s``: the kernel reads ``main[i - s]`` and compares only the sampled blocks."""
     last, rows, s = 96, 40, 3 * 96 + 32
-    param = _wide(rows, last, seed=7)
-    reader, codes, _ = _te_reader(param.to(torch.bfloat16))
+    param = wide(rows, last, seed=7)
+    reader, codes, _ = te_reader(param.to(torch.bfloat16))
     shard = param.reshape(-1)[s:].clone()
     per_row = last // BLOCK
     first = s // BLOCK
@@ -171,8 +165,8 @@ def test_the_phase_is_read_from_its_tensor(last: int, stride: int) -> None:
     from mbridge_mxfp8_plugin.verify.sampling import Phase, mxfp8_blocks, sampled_mxfp8
 
     rows, s = 9, last + 40  # the shard starts mid-row: its first block straddles, skipped
-    param = _wide(rows, last, seed=stride)
-    reader, codes, _ = _te_reader(param.to(torch.bfloat16))
+    param = wide(rows, last, seed=stride)
+    reader, codes, _ = te_reader(param.to(torch.bfloat16))
     shard = param.reshape(-1)[s:].clone()
     per_row = last // BLOCK
     changed = torch.zeros(rows * per_row, dtype=torch.int64)
@@ -198,46 +192,6 @@ def _count_at(main: torch.Tensor, base: int, reader: Reader, blocks: Blocks, pha
     return int(flags[0])
 
 
-class _Launches:
-    """Counts a Triton kernel's launches (each is the kernel indexed by its grid)."""
-
-    def __init__(self, kernel: Any) -> None:
-        self.kernel, self.count = kernel, 0
-
-    def __getitem__(self, grid: Any) -> Any:
-        self.count += 1
-        return self.kernel[grid]
-
-
-def _batch_items(stride: int, phase: Any) -> tuple[list[Any], list[torch.Tensor]]:
-    """A fused batch's items: params of whole-block, ragged (45, 96) and short rows, shards from
-    a row's start, mid-row and mid-block, two of them views of one buffer at an odd element
-    offset, the first split in two parts (as ``pack`` splits a param across batches)."""
-    from mbridge_mxfp8_plugin.verify.batches import Item
-    from mbridge_mxfp8_plugin.verify.sampling import sampled_mxfp8
-
-    shapes = ((12, 256, 256 + 64), (20, 45, 2 * 45 + 7), (14, 96, 96 + 40), (9, 64, 0))
-    shared = torch.zeros(3 + sum(r * last for r, last, _ in shapes[:2]))
-    at, items, codes = 3, [], []
-    for slot, (rows, last, s) in enumerate(shapes):
-        param = _wide(rows, last, seed=slot + 11)
-        reader, code, _ = _te_reader(param.to(torch.bfloat16))
-        codes.append(code)
-        tail = param.reshape(-1)[s:]
-        if slot < 2:  # shares the buffer with another item's shard
-            main = shared[at : at + tail.numel()]
-            main.copy_(tail)
-            at += tail.numel()
-        else:
-            main = tail.clone()
-        blocks, _ = sampled_mxfp8(param, s, param.numel(), phase)
-        half = blocks.count // 2
-        parts = [blocks.part(0, half), blocks.part(half, blocks.count - half)]
-        for part in parts if slot == 0 else [blocks]:
-            items.append(Item(slot, reader, main, s, part, mxfp8_codes=True))
-    return items, codes
-
-
 @pytest.mark.parametrize(("rounding", "max_rows"), [(True, None), (False, None), (True, 2)])
 def test_a_batch_is_one_launch_with_the_verdicts_of_a_launch_per_item(
     monkeypatch: pytest.MonkeyPatch, rounding: bool, max_rows: int | None
@@ -254,7 +208,7 @@ def test_a_batch_is_one_launch_with_the_verdicts_of_a_launch_per_item(
         monkeypatch.setattr(_program_rows, "MAX_ROWS", max_rows)
     stride = 4
     phase = Phase(stride)
-    items, codes = _batch_items(stride, phase)
+    items, codes = fused_items(stride, phase)
     phase.reserve(torch.device("cpu"), max(it.blocks.count for it in items))
     tensor = phase.tensor(torch.device("cpu"))
     one = fused.launch(items, rounding)
@@ -271,8 +225,8 @@ def test_a_batch_is_one_launch_with_the_verdicts_of_a_launch_per_item(
     g = sorted(sampled(2))[3]
     assert [g in sampled(o) for o in range(stride)] == [False, False, True, False]
     codes[2][(g // 3) * 96 + (g % 3) * BLOCK + 5] ^= 0x08  # rows of 96: 3 blocks a row
-    items_kernel = _Launches(_te_rule_kernel.items_kernel)
-    per_item = _Launches(_te_rule_kernel.kernel)
+    items_kernel = Launches(_te_rule_kernel.items_kernel)
+    per_item = Launches(_te_rule_kernel.kernel)
     monkeypatch.setattr(_te_rule_kernel, "items_kernel", items_kernel)
     monkeypatch.setattr(_te_rule_kernel, "kernel", per_item)
     for offset in range(stride):
@@ -297,8 +251,8 @@ def test_a_batch_of_whole_block_rows_keeps_its_alignment_hints() -> None:
 
     items = []
     for slot, rows in enumerate((8, 5, 3)):
-        param = _wide(rows, 128, seed=slot)
-        reader, codes, scales = _te_reader(param.to(torch.bfloat16))
+        param = wide(rows, 128, seed=slot)
+        reader, codes, scales = te_reader(param.to(torch.bfloat16))
         codes[128 + slot * 37] ^= 0x02  # past the first row, which the shard does not hold
         scales[4 + slot] += slot  # the first param's is unchanged
         blocks = Blocks(last=128, start=4, count=rows * 4 - 4, step=1)
@@ -315,7 +269,7 @@ def test_items_that_cannot_share_a_launch_get_none() -> None:
     launches per item (``ShardCheck._flush_fused``)."""
     from dataclasses import replace
 
-    items, _ = _batch_items(4, _phase(4))
+    items, _ = fused_items(4, _phase(4))
     assert fused.launch(items, True) is not None
     items[-1] = replace(items[-1], main=items[-1].main.to(torch.bfloat16))
     assert fused.launch(items, True) is None
@@ -328,44 +282,6 @@ def _phase(stride: int) -> Any:
 
 
 # ------------------------------------------- plain (values) params: one launch per batch too
-_VALUE_SHAPES = ((12, 256, 256 + 64), (20, 45, 2 * 45 + 7), (14, 96, 96 + 43), (9, 64, 5), (1, 50, 29))
-
-
-def _values_batch(stride: int, dtype: torch.dtype, round_to: Any) -> tuple[Any, Any, list[torch.Tensor]]:
-    """A values batch as the shard check plans it (``ShardCheck.add``, ``pack``): params of
-    whole-block and ragged rows (45, 96), shards starting mid-block, the first split in two parts
-    (its tail on the last), two main shards views of one buffer at an odd offset, the last shard
-    shorter than a run (its tail is all it compares); at stride 1 every shard has its tail. Each
-    param holds its main shard as the gather rounds it: nothing differs yet."""
-    from mbridge_mxfp8_plugin.verify.batches import Batch, Item
-    from mbridge_mxfp8_plugin.verify.sampling import Phase, sampled_runs
-
-    phase = Phase(stride)
-    shared = torch.zeros(3 + sum(r * last - s for r, last, s in _VALUE_SHAPES[:2]))
-    at, items, flats = 3, [], []
-    for slot, (rows, last, s) in enumerate(_VALUE_SHAPES):
-        full = _wide(rows, last, seed=slot + 5).clamp(-6e4, 6e4).reshape(-1)  # fp16's range
-        flat = (full.to(round_to) if round_to is not None else full).to(dtype)
-        flats.append(flat)
-        e = full.numel()
-        if slot < 2:
-            main = shared[at : at + e - s]
-            main.copy_(full[s:])
-            at += e - s
-        else:
-            main = full[s:].clone()
-        blocks, tail = sampled_runs(s, e, phase)
-        views = (flat[e - tail : e], main[e - s - tail : e - s]) if tail else None
-        half = blocks.count // 2
-        if slot == 0:
-            items.append(Item(slot, Reader(flat), main, s, blocks.part(0, half)))
-            blocks = blocks.part(half, blocks.count - half)
-        items.append(Item(slot, Reader(flat), main, s, blocks, views))
-    batch = Batch(("values",), flats[0], False, round_to, items, sum(it.blocks.count for it in items))
-    phase.reserve(torch.device("cpu"), max(it.blocks.count for it in items))
-    return batch, phase, flats
-
-
 def _today(batch: Any, value: int, atol: float) -> int:
     """Differing elements at phase ``value`` as the gathers count them (``sides``, ``_count``)."""
     from mbridge_mxfp8_plugin.verify.batches import at_phase, sides
@@ -403,13 +319,13 @@ def test_a_values_batch_is_one_launch_with_the_counts_of_the_gathers(
     phase's blocks that the gathers count, exactly and within an ``atol``; one launch per phase."""
     from mbridge_mxfp8_plugin.verify import _values_kernel
 
-    batch, phase, flats = _values_batch(stride, dtype, round_to)
-    for slot, (flat, (_, _, s)) in enumerate(zip(flats, _VALUE_SHAPES, strict=True)):
+    batch, phase, flats = values_batch(stride, dtype, round_to)
+    for slot, (flat, (_, _, s)) in enumerate(zip(flats, VALUE_SHAPES, strict=True)):
         j = torch.arange(flat.numel() - s)
         changed = s + j[(j % 32) < (j // 32 + slot + 1) % 5]
         flat[changed] = flat[changed] * 1.01 + (changed % 3).to(dtype) * 0.002
     batch.items[2].main[7], batch.items[3].main[33] = float("nan"), float("inf")
-    launches = _Launches(_values_kernel.items_kernel)
+    launches = Launches(_values_kernel.items_kernel)
     monkeypatch.setattr(_values_kernel, "items_kernel", launches)
     for offset in range(stride):
         phase.set(offset)
@@ -427,8 +343,8 @@ def test_a_changed_value_of_the_third_param_is_found_at_its_phase_only(
     at phase 2 only: counted then and only then; a NaN in the param where its main shard holds
     a number (phase 3) is a difference too, within ``atol`` as well."""
     stride = 4
-    batch, phase, flats = _values_batch(stride, dtype, round_to)
-    s = _VALUE_SHAPES[2][2]
+    batch, phase, flats = values_batch(stride, dtype, round_to)
+    s = VALUE_SHAPES[2][2]
     counts = [0] * stride
     for offset in range(stride):
         phase.set(offset)
@@ -446,8 +362,8 @@ def test_a_changed_value_of_the_third_param_is_found_at_its_phase_only(
 
 def test_atol_is_compared_as_the_gathers_compare_it() -> None:
     """Within ``atol`` is no difference, past it is one; exactly, both are."""
-    batch, phase, flats = _values_batch(1, torch.float32, None)
-    s = _VALUE_SHAPES[1][2]
+    batch, phase, flats = values_batch(1, torch.float32, None)
+    s = VALUE_SHAPES[1][2]
     flats[1][s + 40] += 0.004
     flats[1][s + 41] -= 0.02
     phase.set(0)
@@ -490,7 +406,7 @@ def test_values_batches_the_kernel_does_not_read_keep_the_gathers() -> None:
     main it does not round (fp64)."""
     from dataclasses import replace
 
-    batch, _, _ = _values_batch(4, torch.bfloat16, torch.bfloat16)
+    batch, _, _ = values_batch(4, torch.bfloat16, torch.bfloat16)
     items = batch.items
     assert fused.values_launch(items, torch.bfloat16, torch.bfloat16, 0.0) is not None
     assert fused.values_launch(items, torch.bfloat16, torch.float16, 0.0) is None
@@ -501,36 +417,6 @@ def test_values_batches_the_kernel_does_not_read_keep_the_gathers() -> None:
 
 
 # ------------------------------------- own-write batches: their gathers as one launch per batch
-def _own_batch(stride: int, main_dtype: torch.dtype, round_to: Any) -> tuple[Any, Any]:
-    """An own-write batch as the shard check plans it (``pack``): TE-shaped params with plain
-    (rows of 256) and padded scale rows (64, 96: TE pads a row's scales to 4), shards from a
-    row's start, mid-row and mid-block, the first split in two parts; fp32 mains not bf16-exact,
-    with subnormals, so the rounding shows; 45 + ... blocks: not whole 32-row tiles."""
-    from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
-    from mbridge_mxfp8_plugin.verify.batches import Batch, Item
-    from mbridge_mxfp8_plugin.verify.read import reader_for
-    from mbridge_mxfp8_plugin.verify.sampling import Phase, sampled_mxfp8
-
-    phase = Phase(stride)
-    batch = Batch(("own",), None, True, round_to)
-    shapes = ((40, 256, 0, 0), (20, 64, 3 * 64 + 17, 5), (30, 96, 2 * 96 + 32, 0))
-    for slot, (rows, last, s, cut) in enumerate(shapes):
-        values = _wide(rows, last, seed=slot + 31)
-        values.view(-1)[::7] *= 2.0**-130  # fp32 subnormals (bf16 keeps some of their bits)
-        param = TEShapedMXFP8Quantizer(rowwise=True, columnwise=False).quantize(values.to(torch.bfloat16))
-        reader = reader_for(param)
-        assert reader.scale_cols == (last // BLOCK if last == 256 else 4)
-        main = values.reshape(-1)[s : values.numel() - cut].clone().to(main_dtype)
-        blocks, _ = sampled_mxfp8(param, s, values.numel() - cut, phase)
-        half = blocks.count // 2  # the first param split in two parts, as ``pack`` splits one
-        for part in [blocks.part(0, half), blocks.part(half, blocks.count - half)] if slot == 0 else [blocks]:
-            batch.items.append(Item(slot, reader, main, s, part, mxfp8_codes=True))
-            batch.blocks += part.count
-        phase.reserve(torch.device("cpu"), blocks.count)
-    assert len(batch.items) == 4 and batch.blocks % BLOCK
-    return batch, phase
-
-
 _OWN_CASES = [(torch.float32, torch.bfloat16, None), (torch.float32, None, None),
               (torch.bfloat16, None, None), (torch.float32, torch.bfloat16, 2)]  # fmt: skip
 
@@ -550,14 +436,14 @@ def test_an_own_write_batch_is_gathered_and_compared_by_one_launch_each(
     if max_rows is not None:
         monkeypatch.setattr(_program_rows, "MAX_ROWS", max_rows)
     stride = 4
-    batch, phase = _own_batch(stride, main_dtype, round_to)
+    batch, phase = own_batch(stride, main_dtype, round_to)
     one = fused.gather_launch(batch.items, round_to)
     assert one is not None
     rows = len(batch.items) + 1  # and the zero rows' own
     want = [(2, 13), (2, 13), (1, 13)] if max_rows else [(rows, len(fused.GATHER_FIELDS))]
     assert [s.items.shape for s in one.segments] == want
-    gathers = _Launches(_gather_kernel.items_kernel)
-    compares = _Launches(_gather_kernel.compare_kernel)
+    gathers = Launches(_gather_kernel.items_kernel)
+    compares = Launches(_gather_kernel.compare_kernel)
     monkeypatch.setattr(_gather_kernel, "items_kernel", gathers)
     monkeypatch.setattr(_gather_kernel, "compare_kernel", compares)
     bits = torch.int16 if (round_to or main_dtype).itemsize == 2 else torch.int32
@@ -589,7 +475,7 @@ def test_a_plans_tables_reach_the_device_as_views_of_one_copy(monkeypatch: pytes
     from mbridge_mxfp8_plugin.verify.batches import main_rows
 
     monkeypatch.setattr(_program_rows, "MAX_ROWS", 2)  # several segments per launch
-    batch, phase = _own_batch(4, torch.float32, torch.bfloat16)
+    batch, phase = own_batch(4, torch.float32, torch.bfloat16)
     tables = fused.Tables()
     kept = [fused.gather_launch(batch.items, torch.bfloat16, tables) for _ in range(2)]
     alone = fused.gather_launch(batch.items, torch.bfloat16)
@@ -615,10 +501,10 @@ def test_own_write_batches_the_gather_does_not_read_keep_the_gathers() -> None:
     """Ragged rows, a rounding it does not make, main shards of two dtypes: None."""
     from dataclasses import replace
 
-    batch, _ = _own_batch(4, torch.float32, torch.bfloat16)
+    batch, _ = own_batch(4, torch.float32, torch.bfloat16)
     assert fused.gather_launch(batch.items, torch.float16) is None
     items = list(batch.items)
     items[-1] = replace(items[-1], main=items[-1].main.to(torch.bfloat16))
     assert fused.gather_launch(items, torch.bfloat16) is None
-    ragged, _ = _batch_items(4, _phase(4))
+    ragged, _ = fused_items(4, _phase(4))
     assert fused.gather_launch(ragged, torch.bfloat16) is None
