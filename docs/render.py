@@ -377,11 +377,10 @@ def check_speed() -> str:
 
 #: The weight verifier's run (``benchmarks/eval_sync.py verify``, 1 x H200, the TE-shaped type);
 #: every verifier figure of the docs comes from it, rendered into docs/verify.md only.
-#: The last run over both sizes and releases, and the latest run of the current code (4B, 0.19.2).
+#: The last run over both sizes and releases on an H200, and the latest run of the current code (both
+#: sizes and releases, on an H100).
 VERIFY_RESULTS = ROOT / "benchmarks" / "results" / "verify_te" / "verify_te.json"
-VERIFY_LATEST = ROOT / "benchmarks" / "results" / "verify_te_4b_core0192" / "verify_te.json"
-#: The newest run, of the current verifier code: 1B on both releases, on 1 x H100 (4B did not fit it).
-VERIFY_H100 = ROOT / "benchmarks" / "results" / "verify_te_h100_1b" / "verify_te.json"
+VERIFY_LATEST = ROOT / "benchmarks" / "results" / "verify_te_h100" / "verify_te.json"
 
 
 def _verify_rows(results: Path = VERIFY_LATEST) -> list[dict[str, Any]]:
@@ -414,11 +413,6 @@ def verify_te_table() -> str:
 def verify_te_latest() -> str:
     """The latest run of the current code (see :func:`_verify_table`)."""
     return _verify_table(json.loads(VERIFY_LATEST.read_text()))
-
-
-def verify_te_h100() -> str:
-    """The newest run of the current code, at 1B (see :func:`_verify_table`)."""
-    return _verify_table(json.loads(VERIFY_H100.read_text()))
 
 
 def _verify_table(result: dict[str, Any]) -> str:
@@ -577,7 +571,6 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/verify.md": {
         "verify-te-table": verify_te_table,
         "verify-te-latest": verify_te_latest,
-        "verify-te-h100": verify_te_h100,
         "verify-te-ratio": verify_te_ratio,
         "verify-sampled-vs-full": verify_sampled_vs_full,
         "verify-first-call": verify_first_call,
