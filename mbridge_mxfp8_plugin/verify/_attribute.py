@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .batches import Batch, Slot, main_rows, sides, split
+from .batches import Batch, Slot, main_rows, sides, split, values_differ
 from .read import BLOCK, decode
 from .reference import Reference
 
@@ -77,10 +77,11 @@ class Attribution:
     def count(self, slot_id: int, g: torch.Tensor, w: torch.Tensor) -> None:
         if g.numel() == 0 or torch.equal(g, w):
             return
-        diff = (g.float() - w.float()).abs()
-        count = int((~(diff <= self.atol)).sum())  # NaN counts as a difference
+        differs = values_differ(g, w, self.atol)
+        count = int(differs.sum())
         slot = self.slots[slot_id]
         slot.differing += count
         if count:
             self.dirty.add(slot_id)
+            diff = (g.float() - w.float()).abs()[differs]  # a NaN against a number: inf
             slot.worst = max(slot.worst, float(diff.nan_to_num(nan=float("inf")).max()))

@@ -13,7 +13,7 @@ read from a tensor as in :mod:`._te_rule_kernel`, and adds the differing element
 The roundings are done on the bits with integer arithmetic (to nearest even, as torch rounds),
 not by the conversion instructions: the result is the same on every GPU and in Triton's CPU
 interpreter (where the tests run it), whose own bf16 conversion does not round as torch does.
-A NaN on either side is a difference, as in ``got != want``.
+A NaN against a number is a difference; NaN on both sides is equal (``batches.values_differ``).
 """
 
 from __future__ import annotations
@@ -85,9 +85,10 @@ def _bad(
     g = _load(got_ptr, at, inside, GOT_BF16)
     w = _as(_as(_load(main_ptr, at, inside, MAIN_BF16), ROUND), CAST)
     if ATOL:
-        same = tl.abs(g - w) <= atol  # NaN (and inf against inf) is no "within atol"
+        same = (tl.abs(g - w) <= atol) | (g == w)  # NaN is no "within atol"; inf equals inf
     else:
-        same = g == w  # NaN equals nothing
+        same = g == w  # NaN equals nothing ...
+    same = same | ((g != g) & (w != w))  # ... but NaN on both sides is equal
     return inside & ~same
 
 

@@ -253,6 +253,18 @@ def bytes_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.ne(a, b).any()
 
 
+def values_differ(got: torch.Tensor, want: torch.Tensor, atol: float) -> torch.Tensor:
+    """Where ``got`` differs from ``want``: not equal, nor within ``atol`` where it is set. A NaN
+    against a number differs; NaN on both sides is equal, as the byte compares judge it (the check
+    judges whether the weights are current, not whether they are finite: a job whose weights
+    went NaN or inf must not read as a sync defect)."""
+    if atol:
+        same = ((got.float() - want.float()).abs() <= atol) | (got == want)  # inf against inf: equal
+    else:
+        same = got == want
+    return ~(same | (got.isnan() & want.isnan()))
+
+
 def count_slots(slots: Iterable[Slot], phase: int, report: WeightReport) -> None:
     """Each slot into ``report``: compared (its elements at sampled ``phase``) or unchecked."""
     for slot in slots:

@@ -255,11 +255,7 @@ class ShardCheck:
             if reason:
                 raise Refused(reason)
             self.trusted.add(batch.key)
-        if self.atol:
-            differs = ~((got.float() - want.float()).abs() <= self.atol).all()
-        else:
-            differs = (got != want).any()  # NaN counts as a difference
-        self.verdicts.append((batch, differs))
+        self.verdicts.append((batch, batches.values_differ(got, want, self.atol).any()))
 
     def _flush(self, batch: Batch) -> None:
         try:

@@ -136,6 +136,21 @@ def test_nan_on_both_sides_at_the_same_place_is_equal(path: str) -> None:
     assert report.ok and report.params_checked == 1, report.message()
 
 
+def test_a_nan_of_the_other_sign_is_equal_once_its_bytes_are_judged_by_value(path: str) -> None:
+    """A NaN whose sign differs from the main shard's (conversions disagree on the sign a NaN
+    keeps): the bytes differ, so the batch is judged again by value, where NaN on both sides is
+    equal, as in the fused kernel's byte compare."""
+    param, main = _param()
+    probed = Probed()
+    assert _check(param, main, probed=probed).ok
+    main[5 * 128 + 40] = float("nan")
+    values = main.view(64, 128).to(torch.bfloat16)
+    param = TEShapedMXFP8Quantizer(rowwise=True, columnwise=False).quantize(values)
+    param._rowwise_data[5, 40] ^= 0x80
+    report = _check(param, main, probed=probed)
+    assert report.ok and report.params_checked == 1, report.message()
+
+
 @pytest.mark.parametrize("atol", [0.0, 1e-3])
 def test_a_nan_in_a_bf16_param_is_wrong_exact_or_within_atol(atol: float) -> None:
     """The value path (bf16 params, value-holding types): the batch verdict and the per-param
@@ -148,6 +163,51 @@ def test_a_nan_in_a_bf16_param_is_wrong_exact_or_within_atol(atol: float) -> Non
     report = _check(param, main, atol=atol)
     assert not report.ok and report.shard_mismatch_count == 1, report.message()
     assert report.shard_mismatches[0].elements == 1
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+@pytest.mark.parametrize("atol", [0.0, 1e-3])
+def test_nan_and_inf_on_both_sides_of_a_bf16_param_are_equal(
+    atol: float, kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/verify.md: the check judges whether the weights are current, not whether they are
+    finite, so a job whose weights went NaN or inf does not read as a sync defect: NaN, inf and
+    -inf on both sides at the same place are equal, exact and within ``atol``, through the values
+    kernel and through torch's compare, as the byte compares judge them. A changed value beside
+    them is still the one difference, named with its own difference (not an infinity from the
+    NaNs); a NaN against a number: ``test_a_nan_in_a_bf16_param_is_wrong_exact_or_within_atol``."""
+    from mbridge_mxfp8_plugin.verify import _values_kernel
+
+    launched = []
+    if kernel:
+        if not fused.available(torch.device("cpu")):
+            pytest.skip("no values kernel here")
+        real = _values_kernel.items_kernel
+        monkeypatch.setattr(_values_kernel, "items_kernel", _Counted(real, launched))
+    else:
+        monkeypatch.setenv("MXFP8_VERIFY_TRITON", "0")
+    torch.manual_seed(1)
+    main = torch.randn(16 * 64)
+    main[5], main[70], main[200], main[3 * 64 + 7] = float("nan"), float("inf"), float("-inf"), 1.0
+    param = main.to(torch.bfloat16)
+    assert _check(param, main, atol=atol).ok
+    param[3 * 64 + 7] = 1.5
+    report = _check(param, main, atol=atol)
+    assert not report.ok and report.shard_mismatch_count == 1, report.message()
+    (m,) = report.shard_mismatches
+    assert m.elements == 1 and m.max_abs_diff == 0.5
+    assert bool(launched) == kernel
+
+
+class _Counted:
+    """A Triton kernel whose launches (``kernel[grid]``) are recorded."""
+
+    def __init__(self, kernel: object, launched: list[object]) -> None:
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid: object) -> object:
+        self.launched.append(grid)
+        return self.kernel[grid]  # type: ignore[index]
 
 
 # ---------------------------------------------------- sampled scales on rows of 128k elements
