@@ -291,12 +291,17 @@ class GatherLaunch:
     rows_dtype: torch.dtype
     round_bf16: bool
 
-    def __call__(self, phase: torch.Tensor) -> torch.Tensor:
-        """The main rows ``(k + pad, 32)``, rounded as the gather delivers them."""
+    def __call__(self, phase: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The main rows ``(k + pad, 32)``, rounded as the gather delivers them (into ``out``
+        where given: a template's buffer)."""
         from ._gather_kernel import items_kernel
 
         k, device = self.blocks, self.main.device
-        rows = torch.empty((k + (-k) % BLOCK, BLOCK), dtype=self.rows_dtype, device=device)
+        rows = (
+            out
+            if out is not None
+            else torch.empty((k + (-k) % BLOCK, BLOCK), dtype=self.rows_dtype, device=device)
+        )
         bits = torch.int16 if self.rows_dtype.itemsize == 2 else torch.int32
         for seg in self.segments:
             items_kernel[seg.grid](

@@ -1,18 +1,13 @@
 """The shard check: sampled blocks of every owned slice against their quantized main shard.
 
-Per param the work is a few strided views at a full check (no copy where rows are whole blocks),
-or at a sampled one a gather of its sampled blocks at the phase the plan is run with (the phase
-is a device tensor, so one plan and its captured graph serve every phase); the reads, the
-reference quantization and the comparison run once per batch of params that share a type and
-configuration, so the host cost does not grow with the ops per param. The memory budget
-(``verify_weights``) sizes the batches, so it bounds the check's extra memory, not the model.
-Verdicts stay on the device until one read at the end; only a failed batch is compared again,
-param by param, to name them.
-
-The modules beside it each keep one concern out of the compare loop: ``sampling`` picks the
-blocks, ``batches`` holds and packs the plan, ``probe`` settles once what each batch key may do,
-``graphs`` owns the process-wide capture state. What stays here is the order of a call: compare
-on the three paths (values, bytes, the fused kernel), attribute a failure, fill the report.
+Per param, strided views at a full check or, sampled, a gather of its blocks at the plan's phase
+(a device tensor: one plan and its captured graph serve every phase); reads, the reference write
+and compares run once per batch of params of one type and configuration. The budget sizes the
+batches: it bounds the check's memory, not the model. Verdicts stay on the device until one
+read; only a failed batch is compared again, param by param, to name them. Beside it:
+``sampling`` picks blocks, ``batches`` packs the plan, ``probe`` settles what each batch key may
+do, ``graphs`` and ``_templates`` the captures. Here: a call's order, the three compare paths
+(values, bytes, the fused kernel), attribution, the report.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ import torch
 
 from . import batches, fused, graphs
 from ._attribute import Attribution
+from ._templates import Template, capture_all, plan_templates, replay_all
 from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, pack, sides
 from .probe import Probed, Refused, why_type
 from .read import Reader
@@ -41,13 +37,10 @@ _KEPT_PHASES = 64
 class ShardCheck:
     """The shard check of one ``verify_weights`` call, and its plan for the next ones.
 
-    ``add`` only plans: the batches hold views of the params and main shards, nothing read yet.
-    ``finish`` reads and compares them. A later call over the same tensors reuses the plan
-    (``restart``) at whatever sampled phase it asks for: the phase is data (``self.phase``, a
-    device tensor the sampled indices are computed from), so the host cost of working out blocks,
-    readers, batch keys and capacities per param is paid once, not at every check or phase, and
-    the plan's captured graph replays for every phase.
-    """
+    ``add`` only plans (views of the params and main shards); ``finish`` reads and compares. A
+    later call over the same tensors reuses the plan (``restart``) at any sampled phase (data:
+    ``self.phase``), so blocks, readers, batch keys and capacities are worked out once per plan,
+    and its captured graph replays for every phase."""
 
     def __init__(
         self,
@@ -82,6 +75,7 @@ class ShardCheck:
         self.graph: Any = None  # the compares captured as one CUDA graph (see ``_capture``)
         self.graph_verdicts: list[tuple[Batch, torch.Tensor]] = []  # never appended to: shared
         self.graph_stacked: torch.Tensor | None = None  # the graph's verdicts, one tensor
+        self.templates: list[Template] = []  # own-write keys recorded once, replayed per batch
         self._tallies: dict[int, WeightReport] = {}  # phase -> what a replay of it checks
         self._dirty: set[int] = set()  # slots with differing elements counted this call
         # names the params of a failed batch (the failure path only)
@@ -108,8 +102,12 @@ class ShardCheck:
     def launch(self) -> None:
         """Replay the graph now, after ``restart``; ``finish`` reads its verdicts. Launched before
         the caller's host work (the layout's fingerprint), the two overlap."""
-        self.graph.replay()
+        self._replay()
         self._launched = True
+
+    def _replay(self) -> None:
+        self.graph.replay()
+        replay_all(self.templates)
 
     def abandon(self) -> None:
         """Forget a launched replay that will not be read (its layout changed), once it is done:
@@ -204,6 +202,8 @@ class ShardCheck:
             else:
                 continue
             made[id(batch)] = one
+        if made and graphs.on_cuda(self.planned[0].items[0].main) and not graphs.refusal(self._write_paths()):
+            self.templates = plan_templates(self.planned, made)  # its tables still on the host
         tables.upload()  # before any launch is kept: none reads a table still on the host
         self._launches.update(made)
 
@@ -318,19 +318,14 @@ class ShardCheck:
         return quantized or keys
 
     def _capture(self, replay: bool = True, tentative: bool = False) -> None:
-        """Capture every compare of the plan as one CUDA graph and replay it (``replay=False``:
-        after the first, eager run, whose verdicts stand; the replay's go unread: a graph's first
-        launch uploads it, which the job's next call then does not pay).
-
-        A reused plan reads the same tensors at the same addresses (``verify_weights`` keeps it
-        only while they are unchanged), so its kernels can be replayed instead of launched one by
-        one: the check then costs its GPU time, not the host's launch and Python time per batch
-        (a full check of a 4B model has ~300 batches). The graphs share one memory pool, which
-        holds one batch's intermediates (the budget) for as long as the plans are kept. Where the
-        param type's write path cannot be captured (a host sync, a host-to-device copy), the
-        reason is kept in ``no_graph`` and the plan runs eagerly. ``tentative``: a first run
-        recorded with no eager run before it; should that fail (a kernel's first compile, a
-        type's first write), the run goes eager and is recorded after, as it would have been."""
+        """Capture the plan's compares as one CUDA graph (an own-write key of many batches as one
+        batch, ``_templates``) and replay it (``replay=False``: after the first, eager run, whose
+        verdicts stand; the replay only uploads the graph, which the job's next call then does
+        not pay). A reused plan reads the same tensors at the same addresses, so the check costs
+        its GPU time, not the host's launches per batch (~300 in a full 4B check). Where the
+        type's write cannot be captured (a host sync), ``no_graph`` says why and the plan runs
+        eagerly. ``tentative``: a first run recorded with no eager run before it; should that
+        fail (a kernel's first compile, a type's first write), it goes eager and is recorded after."""
         for reference in self.references.values():
             reference.release()  # its instance is made inside the capture, in the graph's pool
         self.verdicts = []
@@ -340,15 +335,20 @@ class ShardCheck:
             self._new_flags()
             self._capturing = True
             try:
-                for batch in self.planned:
+                templated = {id(b) for t in self.templates for b in t.batches}
+                for batch in (b for b in self.planned if id(b) not in templated):
                     self._compare(batch)
                     self.phase.done()
             finally:
                 self._capturing = False
+            if not self.verdicts:  # every batch in a template: a graph of one fill, not an empty one
+                return torch.zeros(1, dtype=torch.int32, device=self.planned[0].items[0].main.device)
             return torch.stack([v for _, v in self.verdicts])
 
+        paths = () if tentative else self._write_paths()
         try:
-            graph, stacked = graphs.capture(record, () if tentative else self._write_paths())
+            graph, stacked = graphs.capture(record, paths)
+            capture_all(self.templates, self.references, self.phase, paths)
         except graphs.Uncapturable as exc:  # eager compares judge the same
             self.verdicts = []
             for reference in self.references.values():
@@ -360,9 +360,10 @@ class ShardCheck:
             if replay:
                 self._run_eager()
             return
-        self.graph, self.graph_stacked = graph, stacked
+        self.graph, self.graph_stacked = graph, stacked[: len(self.verdicts)]
         self.graph_verdicts = [(batch, stacked[i]) for i, (batch, _) in enumerate(self.verdicts)]
-        graph.replay()
+        self.graph_verdicts += [v for t in self.templates for v in t.verdicts()]
+        self._replay()
         if replay:
             self.verdicts = self.graph_verdicts
 
@@ -384,7 +385,7 @@ class ShardCheck:
         self._plan_launches()
         if self.graph is not None:
             if not self._launched:
-                self.graph.replay()
+                self._replay()
             self._launched = False
             self.verdicts = self.graph_verdicts
         elif self._capturable(first=self._settled()):
@@ -398,6 +399,8 @@ class ShardCheck:
             reference.release()
         # The verdicts are queued on the device; the host counts meanwhile, then reads them once.
         stacked = self.graph_stacked if self.verdicts is self.graph_verdicts else None
+        if stacked is not None and self.templates:  # the graph's verdicts, then the templates' counts
+            stacked = torch.cat([stacked, *(t.counts for t in self.templates)])
         if stacked is None and self.verdicts:
             stacked = torch.stack([d for _, d in self.verdicts])
         self._tally_checked()

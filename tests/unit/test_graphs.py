@@ -169,13 +169,14 @@ class _Replaying:
         self.replays += 1
 
 
-def _shard_params() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """TE-shaped params, each block at its own scale: rows of 256 elements (512 blocks, a multiple
-    of the stride), and ragged rows of 96 (30 blocks: later phases have one block fewer)."""
+def _shard_params(wide: tuple[int, int] = (64, 256)) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """TE-shaped params, each block at its own scale: ``wide`` (rows, row length: by default 512
+    blocks, a multiple of the stride), and ragged rows of 96 (30 blocks: later phases have one
+    block fewer)."""
     from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
 
     out = []
-    for name, rows, last in (("wide", 64, 256), ("ragged", 10, 96)):
+    for name, rows, last in (("wide", *wide), ("ragged", 10, 96)):
         gen = torch.Generator().manual_seed(last)
         values = torch.randn(rows, last, generator=gen)
         exponents = torch.randint(-8, 9, (rows, -(-last // 32)), generator=gen).float()
@@ -273,6 +274,79 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
         assert launches == want, launches
     else:  # per replay a gather of each param's main shard and one of the bf16 param's values
         assert launches["gathers"] == (3 + 1) * 3 * stride, launches
+
+
+@pytest.mark.parametrize("stride", [16, 1])
+@pytest.mark.parametrize("templates", [True, False])
+def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by_batch(
+    monkeypatch: pytest.MonkeyPatch, templates: bool, stride: int
+) -> None:
+    """Issue 32.3: a full check at 4B is a few hundred own-write batches, and recording the
+    type's write for each cost 3-7x the eval transition at the plan's first call. With a template
+    the capture records the write once per key (``templates=False``: once per batch, the cost it
+    removes), and each replay compares every batch of the key from its own table: a scale
+    corrupted in the key's fourth batch and one in its last, shorter batch are found at their
+    phases and no other, with each phase's element counts; no other batch is flagged (a kernel's
+    false flag costs only a re-judge by value, which would hide a batch read from the wrong
+    tensors)."""
+    from mbridge_mxfp8_plugin.verify import fused, reference, shard
+    from mbridge_mxfp8_plugin.verify.batches import Owned
+    from mbridge_mxfp8_plugin.verify.read import reader_for
+    from mbridge_mxfp8_plugin.verify.report import WeightReport
+    from mbridge_mxfp8_plugin.verify.sampling import mxfp8_blocks
+
+    if not fused.available(torch.device("cpu")):
+        pytest.skip("no gather kernel here (TRITON_INTERPRET)")
+    monkeypatch.setenv("MXFP8_VERIFY_TRITON", "1")
+    monkeypatch.setenv("MXFP8_VERIFY_FUSED", "0")  # the type's own write judges
+    monkeypatch.setattr(graphs, "_GRAPHS_OFF", {})
+    monkeypatch.setattr(graphs, "on_cuda", lambda tensor: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    if not templates:
+        monkeypatch.setattr(shard, "plan_templates", lambda planned, made: [])
+    writes, recorded, made = [0], [], []
+    codes = reference.Reference.codes
+
+    def counted(self: Any, rows: torch.Tensor, k: int) -> Any:
+        writes[0] += 1
+        return codes(self, rows, k)
+
+    def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
+        before = writes[0]
+        out = record()
+        recorded.append(writes[0] - before)
+        made.append(_Replaying(record, out, check))
+        return made[-1], out
+
+    monkeypatch.setattr(reference.Reference, "codes", counted)
+    monkeypatch.setattr(graphs, "capture", capture)
+    check = shard.ShardCheck(WeightReport(event="t"), atol=0.0, stride=stride, offset=0, budget_bytes=8 << 10)
+    params = _shard_params(wide=(128, 512))  # 2048 blocks: at 1/16 four batches of 32, ragged a fifth
+    for name, param, main in params:
+        check.add(name, param, reader_for(param), Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=True)
+    check.finish(max_names=5)
+    batches = len(check.planned)
+    assert batches >= 5 and len({b.key for b in check.planned}) == 1
+    assert recorded == ([0, 1] if templates else [batches])  # the plan's graph keeps no batch of its own
+    (_, wide, _), (_, ragged, _) = params
+    wide._rowwise_scale_inv[100, 11] += 1  # block 1611: phase 11, in wide's fourth batch at 1/16
+    ragged._rowwise_scale_inv[2, 1] += 1  # block 7: phase 7, in the plan's last, shorter batch
+    judged, attribute = [], check.attribute  # a batch the replay flags is judged again by value
+    monkeypatch.setattr(check, "attribute", lambda batch: (judged.append(batch), attribute(batch))[1])
+    found = []
+    for offset in range(1, stride + 1):
+        report = WeightReport(event="t")
+        check.restart(report, offset)
+        check.finish(max_names=5)
+        want = sum(mxfp8_blocks(p, 0, p.numel(), offset, stride)[0].elements() for _, p, _ in params)
+        assert report.elements_checked == want, (offset, report.elements_checked, want)
+        found += [(offset % stride, m.name, m.elements) for m in report.shard_mismatches]
+    assert sorted(found) == (
+        [(0, "ragged", 32), (0, "wide", 32)] if stride == 1 else [(7, "ragged", 32), (11, "wide", 32)]
+    )
+    assert len(judged) == 2  # exact verdicts: only the two corrupted batches were flagged
+    if templates:  # one replay of the template per batch, every call
+        assert made[1].replays == batches * (1 + stride)
 
 
 def test_a_launch_left_unread_is_not_taken_for_the_next_calls_replay(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,6 +47,7 @@ PRIVATE = {
     "verify._program_rows": "verify.fused",  # a program's item row (every launch's segments)
     "verify._tables": "verify.fused",  # the launches' tables and their one copy to the device
     "verify._te_rule_kernel": "verify.fused",  # the Triton kernel behind fused.py
+    "verify._templates": "verify.graphs",  # an own-write key recorded once (test_graphs' plans)
     "verify._values_kernel": "verify.fused",  # the values batches' Triton kernel (fused.ValuesLaunch)
 }
 

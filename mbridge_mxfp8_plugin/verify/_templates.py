@@ -1,0 +1,158 @@
+"""One captured batch, replayed for every batch of an own-write key.
+
+A type's own write is a Python call of the type (an emulated one is ~15 torch calls), and
+recording it into a CUDA graph costs about three times running it: a plan's first call that
+recorded every batch of a full check (a few hundred at 4B) cost 3-7x the eval transition it is
+set against, most of it recording. But the batches of one key differ only in data: which main
+rows the gather reads and which codes the compare reads, both from a table (``fused.GatherLaunch``).
+So the key's batch is recorded once, reading its table from a fixed buffer that the graph itself
+fills from all the key's tables by a device-side batch index, and replayed once per batch: the
+first call records one write per key, and a later call costs one graph launch per batch on the
+host (microseconds, hidden behind the GPU's work), not a longer graph.
+
+The gather's buffer lives outside the graph's pool, zeroed once: a batch with fewer blocks than
+the key's largest leaves rows of the one before it, which the write turns into codes nobody
+compares (MXFP8 row-wise blocks are independent, so they change no compared row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from . import graphs
+from ._tables import Segment
+from .fused import GATHER_FIELDS, GatherLaunch, _offset
+
+__all__ = ["Template", "capture_all", "plan_templates", "replay_all"]
+
+_PROGRAM = GATHER_FIELDS.index("program")
+#: A table row no program finds (its first program past any grid): pads a shorter segment.
+_UNREACHED = 1 << 62
+
+
+@dataclass
+class Template:
+    """The batches of one own-write key and the one recording that serves them all."""
+
+    batches: list[Any]  # the key's batches, in the plan's order
+    launch: GatherLaunch  # reads its table from ``current``, addresses from the key's first batch
+    packed: torch.Tensor  # (batches, segments, rows, fields): every batch's tables, rebased
+    current: torch.Tensor  # (segments, rows, fields): the batch being replayed
+    index: torch.Tensor  # (1,) int64: which batch the next replay compares
+    rows: torch.Tensor  # the gather's buffer, kept outside the graph's pool
+    counts: torch.Tensor  # (batches,) int32: each batch's differing bytes (its verdict)
+    graph: Any = field(default=None)
+
+    def record(
+        self, written: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]], phase: torch.Tensor
+    ) -> torch.Tensor:
+        """One batch: its table selected by ``index``, gathered, written by the type
+        (``written(rows, blocks)``: codes and scale bytes), compared; its count stored at
+        ``index``, which then moves on. What a capture of it records."""
+        torch.index_select(self.packed, 0, self.index, out=self.current.unsqueeze(0))
+        self.launch(phase, out=self.rows)
+        codes, scales = written(self.rows, self.launch.blocks)
+        count = self.launch.differing(codes, scales, phase)
+        self.counts.index_copy_(0, self.index, count.view(1))
+        self.index.add_(1)
+        return count
+
+    def capture(
+        self,
+        written: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
+        phase: torch.Tensor,
+        paths: Any,
+    ) -> None:
+        """Record one batch (``graphs.capture``; raises ``graphs.Uncapturable``)."""
+        self.index.zero_()
+        self.graph, _ = graphs.capture(lambda: self.record(written, phase), paths)
+
+    def replay(self) -> None:
+        """Every batch of the key, in order."""
+        self.index.zero_()
+        for _ in self.batches:
+            self.graph.replay()
+
+    def verdicts(self) -> list[tuple[Any, torch.Tensor]]:
+        return [(batch, self.counts[i]) for i, batch in enumerate(self.batches)]
+
+
+def capture_all(templates: Sequence[Template], references: dict[Any, Any], phase: Any, paths: Any) -> None:
+    """Record each template's batch, written by its key's reference (raises
+    ``graphs.Uncapturable``, after which none of them has a graph)."""
+    try:
+        for t in templates:
+            written = references[t.batches[0].key].codes
+            t.capture(written, phase.tensor(t.batches[0].items[0].main.device), paths)
+    except graphs.Uncapturable:
+        for t in templates:
+            t.graph = None
+        raise
+
+
+def replay_all(templates: Sequence[Template]) -> None:
+    for t in templates:
+        t.replay()
+
+
+def plan_templates(planned: Sequence[Any], launches: dict[int, Any]) -> list[Template]:
+    """A template per key with two batches or more that all have a ``GatherLaunch`` of one base
+    (their addresses a whole number of elements from the first batch's), made at plan time from
+    the launches' tables while they are still on the host; other batches stay in the plan's graph."""
+    by_key: dict[Any, list[Any]] = {}
+    for batch in planned:
+        if isinstance(launches.get(id(batch)), GatherLaunch):
+            by_key.setdefault(batch.key, []).append(batch)
+    made = []
+    for group in by_key.values():
+        if len(group) >= 2:
+            one = _template([launches[id(b)] for b in group], group)
+            if one is not None:
+                made.append(one)
+    return made
+
+
+def _template(launches: list[GatherLaunch], group: list[Any]) -> Template | None:
+    first = launches[0]
+    bases = (first.main, first.codes, first.scales)
+    shifts = []
+    for launch in launches:
+        if (launch.rows_dtype, launch.round_bf16) != (first.rows_dtype, first.round_bf16):
+            return None
+        shift = [
+            _offset(t, base)
+            for t, base in zip((launch.main, launch.codes, launch.scales), bases, strict=True)
+        ]
+        if None in shift:  # another dtype or device, or not a whole number of elements away
+            return None
+        shifts.append(shift)
+    width = len(GATHER_FIELDS)
+    segs = max(len(launch.segments) for launch in launches)
+    table_rows = max(s.rows for launch in launches for s in launch.segments)
+    packed = torch.zeros((len(launches), segs, table_rows, width), dtype=torch.int64)
+    packed[..., GATHER_FIELDS.index("mod") :] = 1  # mod, step, per_row, scale_cols of a dead row
+    packed[..., _PROGRAM] = _UNREACHED
+    packed[:, :, 0, _PROGRAM] = 0  # a missing segment: one row of no blocks that every program finds
+    programs = [1] * segs
+    for b, (launch, shift) in enumerate(zip(launches, shifts, strict=True)):
+        for s, seg in enumerate(launch.segments):
+            items = seg.items.clone()
+            items[:, :3] += torch.tensor(shift, dtype=torch.int64)
+            packed[b, s, : seg.rows] = items
+            programs[s] = max(programs[s], seg.programs)
+    device = first.main.device
+    packed = packed.to(device)
+    current = torch.empty(packed.shape[1:], dtype=torch.int64, device=device)
+    segments = tuple(
+        Segment(current[s], table_rows, programs[s], first.segments[0].bound) for s in range(segs)
+    )
+    blocks = max(launch.blocks for launch in launches)
+    launch = replace(first, segments=segments, blocks=blocks)
+    rows = torch.zeros((blocks + (-blocks) % 32, 32), dtype=first.rows_dtype, device=device)
+    index = torch.zeros(1, dtype=torch.int64, device=device)
+    counts = torch.zeros(len(group), dtype=torch.int32, device=device)
+    return Template(list(group), launch, packed, current, index, rows, counts)
