@@ -28,10 +28,12 @@ from ._program_rows import program_row
 
 
 @triton.jit
-def _sampled(phase_ptr, items_ptr, rows, BLOCKS: tl.constexpr, ROWS: tl.constexpr):  # noqa: N803
+def _sampled(phase_ptr, items_ptr, rows, batch_ptr, batch_stride, BLOCKS: tl.constexpr, ROWS: tl.constexpr):  # noqa: N803
     """Program ``p``'s item row and blocks: its global block ids ``g``, output rows ``out + b``,
-    which are the batch's (``live``) and which are real blocks (``real``, not tile padding)."""
+    which are the batch's (``live``) and which are real blocks (``real``, not tile padding). The
+    table is the one ``batch_ptr`` selects, ``batch_stride`` elements apart (a template's)."""
     p = tl.program_id(0)
+    items_ptr += tl.load(batch_ptr) * batch_stride
     row = program_row(items_ptr, rows, p, 13, 3, ROWS)
     chunk = p - tl.load(row + 3)
     out = tl.load(row + 4)
@@ -52,11 +54,13 @@ def _gather_items(
     phase_ptr,
     items_ptr,
     rows,
+    batch_ptr,
+    batch_stride,
     ROUND_BF16: tl.constexpr,  # noqa: N803 - Triton's constexpr convention
     BLOCKS: tl.constexpr,  # noqa: N803
     ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.MAX_ROWS``
 ):
-    row, g, dst_row, live, real = _sampled(phase_ptr, items_ptr, rows, BLOCKS, ROWS)
+    row, g, dst_row, live, real = _sampled(phase_ptr, items_ptr, rows, batch_ptr, batch_stride, BLOCKS, ROWS)
     main = main_ptr + tl.load(row)  # element i of the item's param at main[i]
     lane = tl.arange(0, 32)
     at = (g * 32)[:, None] + lane[None, :]
@@ -82,10 +86,12 @@ def _compare_items(
     phase_ptr,
     items_ptr,
     rows,
+    batch_ptr,
+    batch_stride,
     BLOCKS: tl.constexpr,  # noqa: N803
     ROWS: tl.constexpr,  # noqa: N803
 ):
-    row, g, out, _, real = _sampled(phase_ptr, items_ptr, rows, BLOCKS, ROWS)
+    row, g, out, _, real = _sampled(phase_ptr, items_ptr, rows, batch_ptr, batch_stride, BLOCKS, ROWS)
     codes = codes_ptr + tl.load(row + 1)  # element i of the item's param at codes[i]
     scales = scales_ptr + tl.load(row + 2)
     per_row, scale_cols = tl.load(row + 11), tl.load(row + 12)
@@ -97,10 +103,12 @@ def _compare_items(
     want_s = tl.load(written_scales_ptr + out * written_scale_stride, mask=real, other=0)
     differing = tl.sum(tl.sum((got != want).to(tl.int32), axis=1), axis=0)
     differing += tl.sum((got_s != want_s).to(tl.int32), axis=0)
-    tl.atomic_add(count_ptr, differing)
+    tl.atomic_add(count_ptr + tl.load(batch_ptr), differing)  # a template's count per batch
 
 
 #: One launch each per batch segment (the items' geometry is data): nothing to specialize on the
 #: table's length or the written scales' stride (each value would be a compile of its own).
-items_kernel = triton.jit(_gather_items, do_not_specialize=["rows"])
-compare_kernel = triton.jit(_compare_items, do_not_specialize=["rows", "written_scale_stride"])
+items_kernel = triton.jit(_gather_items, do_not_specialize=["rows", "batch_stride"])
+compare_kernel = triton.jit(
+    _compare_items, do_not_specialize=["rows", "written_scale_stride", "batch_stride"]
+)

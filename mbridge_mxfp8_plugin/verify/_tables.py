@@ -39,6 +39,14 @@ class Tables:
 
     def __init__(self) -> None:
         self._held: list[tuple[Segment, Any]] = []
+        self._zeros: dict[Any, torch.Tensor] = {}
+
+    def zero(self, device: Any) -> torch.Tensor:
+        """An int64 ``[0]`` on ``device``, one per plan: the table index of a batch's own launch."""
+        key = torch.device(device)
+        if key not in self._zeros:
+            self._zeros[key] = torch.zeros(1, dtype=torch.int64, device=key)
+        return self._zeros[key]
 
     def add(self, segment: Segment, device: Any) -> Segment:
         """``segment`` (its table still on the host), to be sent to ``device`` by ``upload``."""

@@ -5,8 +5,8 @@ recording it into a CUDA graph costs about three times running it: a plan's firs
 recorded every batch of a full check (a few hundred at 4B) cost 3-7x the eval transition it is
 set against, most of it recording. But the batches of one key differ only in data: which main
 rows the gather reads and which codes the compare reads, both from a table (``fused.GatherLaunch``).
-So the key's batch is recorded once, reading its table from a fixed buffer that the graph itself
-fills from all the key's tables by a device-side batch index, and replayed once per batch: the
+So the key's batch is recorded once, its kernels reading their table and adding to their count
+at a device-side batch index that the graph then steps, and replayed once per batch: the
 first call records one write per key, and a later call costs one graph launch per batch on the
 host (microseconds, hidden behind the GPU's work), not a longer graph.
 
@@ -29,6 +29,8 @@ from .fused import GATHER_FIELDS, GatherLaunch, _offset
 
 __all__ = ["Template", "capture_all", "plan_templates", "replay_all"]
 
+Written = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
 _PROGRAM = GATHER_FIELDS.index("program")
 #: A table row no program finds (its first program past any grid): pads a shorter segment.
 _UNREACHED = 1 << 62
@@ -39,41 +41,33 @@ class Template:
     """The batches of one own-write key and the one recording that serves them all."""
 
     batches: list[Any]  # the key's batches, in the plan's order
-    launch: GatherLaunch  # reads its table from ``current``, addresses from the key's first batch
+    launch: GatherLaunch  # every batch's tables (``packed``), the one ``index`` names read
     packed: torch.Tensor  # (batches, segments, rows, fields): every batch's tables, rebased
-    current: torch.Tensor  # (segments, rows, fields): the batch being replayed
     index: torch.Tensor  # (1,) int64: which batch the next replay compares
     rows: torch.Tensor  # the gather's buffer, kept outside the graph's pool
     counts: torch.Tensor  # (batches,) int32: each batch's differing bytes (its verdict)
     graph: Any = field(default=None)
 
-    def record(
-        self, written: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]], phase: torch.Tensor
-    ) -> torch.Tensor:
-        """One batch: its table selected by ``index``, gathered, written by the type
-        (``written(rows, blocks)``: codes and scale bytes), compared; its count stored at
-        ``index``, which then moves on. What a capture of it records."""
-        torch.index_select(self.packed, 0, self.index, out=self.current.unsqueeze(0))
+    def record(self, written: Written, phase: torch.Tensor) -> torch.Tensor:
+        """One batch, the one ``index`` names: gathered, written by the type (``written(rows,
+        blocks)``: codes and scale bytes), compared into its count; then ``index`` moves on. The
+        kernels read the table and add to the count at ``index`` themselves: a batch costs the
+        gather, the write, the compare and the step, one small kernel more than in a plan's graph."""
         self.launch(phase, out=self.rows)
         codes, scales = written(self.rows, self.launch.blocks)
-        count = self.launch.differing(codes, scales, phase)
-        self.counts.index_copy_(0, self.index, count.view(1))
+        self.launch.differing(codes, scales, phase, count=self.counts)
         self.index.add_(1)
-        return count
+        return self.counts
 
-    def capture(
-        self,
-        written: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
-        phase: torch.Tensor,
-        paths: Any,
-    ) -> None:
+    def capture(self, written: Written, phase: torch.Tensor, paths: Any) -> None:
         """Record one batch (``graphs.capture``; raises ``graphs.Uncapturable``)."""
         self.index.zero_()
         self.graph, _ = graphs.capture(lambda: self.record(written, phase), paths)
 
     def replay(self) -> None:
-        """Every batch of the key, in order."""
+        """Every batch of the key, in order, into zeroed counts."""
         self.index.zero_()
+        self.counts.zero_()
         for _ in self.batches:
             self.graph.replay()
 
@@ -146,13 +140,12 @@ def _template(launches: list[GatherLaunch], group: list[Any]) -> Template | None
             programs[s] = max(programs[s], seg.programs)
     device = first.main.device
     packed = packed.to(device)
-    current = torch.empty(packed.shape[1:], dtype=torch.int64, device=device)
     segments = tuple(
-        Segment(current[s], table_rows, programs[s], first.segments[0].bound) for s in range(segs)
+        Segment(packed[0, s], table_rows, programs[s], first.segments[0].bound) for s in range(segs)
     )
     blocks = max(launch.blocks for launch in launches)
-    launch = replace(first, segments=segments, blocks=blocks)
-    rows = torch.zeros((blocks + (-blocks) % 32, 32), dtype=first.rows_dtype, device=device)
     index = torch.zeros(1, dtype=torch.int64, device=device)
+    launch = replace(first, segments=segments, blocks=blocks, batch=index, batch_stride=packed[0].numel())
+    rows = torch.zeros((blocks + (-blocks) % 32, 32), dtype=first.rows_dtype, device=device)
     counts = torch.zeros(len(group), dtype=torch.int32, device=device)
-    return Template(list(group), launch, packed, current, index, rows, counts)
+    return Template(list(group), launch, packed, index, rows, counts)

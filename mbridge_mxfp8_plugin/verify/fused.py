@@ -290,6 +290,10 @@ class GatherLaunch:
     blocks: int
     rows_dtype: torch.dtype
     round_bf16: bool
+    #: which table of ``segments`` a launch reads (int64 ``(1,)``), and the tables' distance in
+    #: elements: a template's (``_templates``); a batch's own is ``[0]`` and ``0``
+    batch: torch.Tensor
+    batch_stride: int = 0
 
     def __call__(self, phase: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """The main rows ``(k + pad, 32)``, rounded as the gather delivers them (into ``out``
@@ -305,21 +309,30 @@ class GatherLaunch:
         bits = torch.int16 if self.rows_dtype.itemsize == 2 else torch.int32
         for seg in self.segments:
             items_kernel[seg.grid](
-                self.main, rows.view(bits), phase, seg.items, seg.rows,
+                self.main, rows.view(bits), phase, seg.items, seg.rows, self.batch, self.batch_stride,
                 ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, ROWS=seg.bound,
             )  # fmt: skip
         return rows
 
-    def differing(self, codes: torch.Tensor, scales: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+    def differing(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        phase: torch.Tensor,
+        count: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """How many of the written ``codes`` ``(k, 32)`` and scale bytes ``(k,)`` (any stride)
-        differ from the param's at ``phase`` (0-d int32, on the device)."""
+        differ from the param's at ``phase`` (0-d int32, on the device; added to ``count`` at
+        ``batch`` where given: a template's counts)."""
         from ._gather_kernel import compare_kernel
 
-        count = torch.zeros((), dtype=torch.int32, device=self.main.device)
+        if count is None:
+            count = torch.zeros((), dtype=torch.int32, device=self.main.device)
         for seg in self.segments:
             compare_kernel[seg.grid](
                 self.codes, self.scales, codes.view(torch.uint8), scales.view(torch.uint8), scales.stride(0),
-                count, phase, seg.items, seg.rows, BLOCKS=_BLOCKS_PER_PROGRAM, ROWS=seg.bound,
+                count, phase, seg.items, seg.rows, self.batch, self.batch_stride,
+                BLOCKS=_BLOCKS_PER_PROGRAM, ROWS=seg.bound,
             )  # fmt: skip
         return count
 
@@ -360,7 +373,12 @@ def gather_launch(
     table = torch.tensor(rows, dtype=torch.int64)
     segments = _tables.segments(table, chunks, GATHER_FIELDS.index("program"), main0.device, tables)
     rows_dtype = round_to or main0.dtype
-    return GatherLaunch(main0.view(bits), codes0, scales0, segments, out, rows_dtype, cast)
+    first = (
+        tables.zero(main0.device)
+        if tables is not None
+        else torch.zeros(1, dtype=torch.int64, device=main0.device)
+    )
+    return GatherLaunch(main0.view(bits), codes0, scales0, segments, out, rows_dtype, cast, first)
 
 
 def _offsets(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[int] | None:
