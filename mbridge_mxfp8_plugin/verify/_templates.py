@@ -7,8 +7,8 @@ set against, most of it recording. But the batches of one key differ only in dat
 rows the gather reads and which codes the compare reads, both from a table (``fused.GatherLaunch``).
 So the key's batch is recorded once, its kernels reading their table and adding to their count
 at a device-side batch index that the graph then steps, and replayed once per batch: the
-first call records one write per key, and a later call costs one graph launch per batch on the
-host (microseconds, hidden behind the GPU's work), not a longer graph.
+first call records a few writes per key (``_GROUP`` batches in a row, and one for the rest), and
+a later call costs a graph launch per group on the host, hidden behind the GPU's work.
 
 The gather's buffer lives outside the graph's pool, zeroed once: a batch with fewer blocks than
 the key's largest leaves rows of the one before it, which the write turns into codes nobody
@@ -34,6 +34,10 @@ Written = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 _PROGRAM = GATHER_FIELDS.index("program")
 #: A table row no program finds (its first program past any grid): pads a shorter segment.
 _UNREACHED = 1 << 62
+#: Batches per replay: each graph launch costs the GPU a gap (~10 us measured per batch on an
+#: H100 with a launch each, against a plan's one graph), which 8 in a row share; recording 8
+#: writes (and one for the rest) is still a few, not a few hundred.
+_GROUP = 8
 
 
 @dataclass
@@ -46,7 +50,8 @@ class Template:
     index: torch.Tensor  # (1,) int64: which batch the next replay compares
     rows: torch.Tensor  # the gather's buffer, kept outside the graph's pool
     counts: torch.Tensor  # (batches,) int32: each batch's differing bytes (its verdict)
-    graph: Any = field(default=None)
+    graph: Any = field(default=None)  # ``group`` batches in a row
+    single: Any = field(default=None)  # one batch: the rest of the key's batches after the groups
 
     def record(self, written: Written, phase: torch.Tensor) -> torch.Tensor:
         """One batch, the one ``index`` names: gathered, written by the type (``written(rows,
@@ -59,17 +64,28 @@ class Template:
         self.index.add_(1)
         return self.counts
 
+    @property
+    def group(self) -> int:
+        return min(_GROUP, len(self.batches))
+
     def capture(self, written: Written, phase: torch.Tensor, paths: Any) -> None:
-        """Record one batch (``graphs.capture``; raises ``graphs.Uncapturable``)."""
+        """Record ``group`` batches in a row, and one where the count leaves a rest
+        (``graphs.capture``; raises ``graphs.Uncapturable``)."""
         self.index.zero_()
-        self.graph, _ = graphs.capture(lambda: self.record(written, phase), paths)
+        self.graph, _ = graphs.capture(
+            lambda: [self.record(written, phase) for _ in range(self.group)][-1], paths
+        )
+        if len(self.batches) % self.group:
+            self.single, _ = graphs.capture(lambda: self.record(written, phase), paths)
 
     def replay(self) -> None:
         """Every batch of the key, in order, into zeroed counts."""
         self.index.zero_()
         self.counts.zero_()
-        for _ in self.batches:
+        for _ in range(len(self.batches) // self.group):
             self.graph.replay()
+        for _ in range(len(self.batches) % self.group):
+            self.single.replay()
 
     def verdicts(self) -> list[tuple[Any, torch.Tensor]]:
         return [(batch, self.counts[i]) for i, batch in enumerate(self.batches)]
@@ -84,7 +100,7 @@ def capture_all(templates: Sequence[Template], references: dict[Any, Any], phase
             t.capture(written, phase.tensor(t.batches[0].items[0].main.device), paths)
     except graphs.Uncapturable:
         for t in templates:
-            t.graph = None
+            t.graph = t.single = None
         raise
 
 
