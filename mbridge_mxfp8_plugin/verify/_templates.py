@@ -1,12 +1,12 @@
-"""One captured batch, replayed for every batch of an own-write key.
+"""A few captured batches, replayed for every batch of an own-write key.
 
 A type's own write is a Python call of the type (an emulated one is ~15 torch calls), and
 recording it into a CUDA graph costs about three times running it: a plan's first call that
 recorded every batch of a full check (a few hundred at 4B) cost 3-7x the eval transition it is
 set against, most of it recording. But the batches of one key differ only in data: which main
 rows the gather reads and which codes the compare reads, both from a table (``fused.GatherLaunch``).
-So the key's batch is recorded once, its kernels reading their table and adding to their count
-at a device-side batch index that the graph then steps, and replayed once per batch: the
+So the key's batch is recorded, its kernels reading their table and adding to their count at a
+device-side batch index that the graph then steps, and replayed until every batch is done: the
 first call records a few writes per key (``_GROUP`` batches in a row, and one for the rest), and
 a later call costs a graph launch per group on the host, hidden behind the GPU's work.
 
@@ -42,7 +42,8 @@ _GROUP = 8
 
 @dataclass
 class Template:
-    """The batches of one own-write key and the one recording that serves them all."""
+    """The batches of one own-write key and the two recordings that serve them all (a group of
+    batches in a row, and one batch for the rest)."""
 
     batches: list[Any]  # the key's batches, in the plan's order
     launch: GatherLaunch  # every batch's tables (``packed``), the one ``index`` names read
@@ -92,7 +93,7 @@ class Template:
 
 
 def capture_all(templates: Sequence[Template], references: dict[Any, Any], phase: Any, paths: Any) -> None:
-    """Record each template's batch, written by its key's reference (raises
+    """Record each template's batches, written by its key's reference (raises
     ``graphs.Uncapturable``, after which none of them has a graph)."""
     try:
         for t in templates:

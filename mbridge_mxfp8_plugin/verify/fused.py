@@ -373,12 +373,12 @@ def gather_launch(
     table = torch.tensor(rows, dtype=torch.int64)
     segments = _tables.segments(table, chunks, GATHER_FIELDS.index("program"), main0.device, tables)
     rows_dtype = round_to or main0.dtype
-    first = (
+    own = (  # the index of its one table
         tables.zero(main0.device)
         if tables is not None
         else torch.zeros(1, dtype=torch.int64, device=main0.device)
     )
-    return GatherLaunch(main0.view(bits), codes0, scales0, segments, out, rows_dtype, cast, first)
+    return GatherLaunch(main0.view(bits), codes0, scales0, segments, out, rows_dtype, cast, own)
 
 
 def _offsets(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[int] | None:

@@ -356,7 +356,7 @@ class ShardCheck:
             if tentative:  # a first run recorded before any eager one: that order, then a capture
                 self._run_eager_then_record()
                 return
-            self.no_graph = str(exc)
+            self.no_graph, self.templates = str(exc), []  # their buffers serve no graph now
             if replay:
                 self._run_eager()
             return
