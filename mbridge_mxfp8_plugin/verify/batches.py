@@ -275,3 +275,22 @@ def count_slots(slots: Iterable[Slot], phase: int, report: WeightReport) -> None
         report.mxfp8_checked += bool(slot.mxfp8_type)
         report.elements_checked += slot.covered(phase)
         report.elements_skipped += slot.skipped
+
+
+def elements_per_phase(slots: Iterable[Slot], stride: int) -> list[int]:
+    """Elements the checked slots compare at each phase, once their counts at every phase are
+    known (``Slot.count_every_phase``): a replayed plan's tally of a phase it has not run yet,
+    without visiting every slot at a check (after a training step each visit is a cache miss).
+    Slots sharing a geometry share a table, so the sum runs over tables, not slots."""
+    tables: dict[int, list[Any]] = {}
+    fixed = 0
+    for slot in slots:
+        if slot.unchecked:
+            continue
+        if slot.sampled is None:
+            fixed += slot.elements
+            continue
+        if len(slot._at) < stride:
+            return []  # not counted at every phase: the caller counts slots
+        tables.setdefault(id(slot._at), [slot._at, 0])[1] += 1
+    return [fixed + sum(at[v] * n for at, n in tables.values()) for v in range(stride)]

@@ -12,6 +12,7 @@ do, ``graphs`` and ``_templates`` the captures. Here: a call's order, the three 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -51,9 +52,8 @@ class ShardCheck:
         budget_bytes: int,
         probed: Probed | None = None,
     ):
-        self.report, self.atol, self.stride = report, atol, stride
+        self.report, self.atol, self.stride, self.budget = report, atol, stride, budget_bytes
         self.phase = Phase(stride, offset)
-        self.budget = budget_bytes
         self.probed = probed = probed or Probed()
         self.capacity = probed.capacity  # batch key -> blocks per batch
         self.empty: dict[tuple[Any, ...], int] = {}  # batch key -> params with no block to compare
@@ -68,6 +68,7 @@ class ShardCheck:
         self._flag_of: dict[int, int] = {}
         # batch -> its one launch in a capture (fused, values or own-write gathers; None: none)
         self._launches: dict[int, _Launch] = {}
+        self._tabled = 0  # planned batches whose launches are made
         self.verdicts: list[tuple[Batch, torch.Tensor]] = []
         self.planned: list[Batch] = []  # sealed batches, in the order they are compared
         self.reusable = True  # False once a compare was refused (the plan is not kept)
@@ -77,9 +78,9 @@ class ShardCheck:
         self.graph_stacked: torch.Tensor | None = None  # the graph's verdicts, one tensor
         self.templates: list[Template] = []  # own-write keys recorded once, replayed per batch
         self._tallies: dict[int, WeightReport] = {}  # phase -> what a replay of it checks
+        self._per_phase: list[int] = []  # elements compared at each phase (``_count_every_phase``)
         self._dirty: set[int] = set()  # slots with differing elements counted this call
-        # names the params of a failed batch (the failure path only)
-        self.attribute = Attribution(
+        self.attribute = Attribution(  # names a failed batch's params (the failure path only)
             self.slots, self._dirty, atol, self.budget, self.references, probed.written
         )
         self.no_graph = ""  # why the compares are not replayed from a graph
@@ -188,9 +189,7 @@ class ShardCheck:
         """The batches' item tables, made once per plan before any run and sent in one copy (never
         in a capture, which would record their copies to the device, not their values)."""
         tables, made = fused.Tables(), dict[int, _Launch]()
-        for batch in self.planned:
-            if id(batch) in self._launches:
-                continue
+        for batch in self.planned[self._tabled :]:  # a kept plan's are made: no walk per call
             one: _Launch
             if batch.key in self.fused:
                 one = fused.launch(batch.items, batch.round_to is not None, tables)
@@ -206,6 +205,7 @@ class ShardCheck:
             self.templates = plan_templates(self.planned, made)  # its tables still on the host
         tables.upload()  # before any launch is kept: none reads a table still on the host
         self._launches.update(made)
+        self._tabled = len(self.planned)
 
     def _new_flags(self) -> None:
         """Zeroed counters for this call's fused and kernel-compared values batches (inside a
@@ -298,11 +298,8 @@ class ShardCheck:
             return False
         if not self.planned or not graphs.on_cuda(self.planned[0].items[0].main):
             return False
-        refusal = graphs.refusal(self._write_paths())
-        if refusal:
-            self.no_graph = refusal
-            return False
-        return not torch.cuda.is_current_stream_capturing()
+        self.no_graph = graphs.refusal(self._write_paths())  # '' where it may be captured
+        return not self.no_graph and not torch.cuda.is_current_stream_capturing()
 
     def _settled(self) -> bool:
         """Whether no compare syncs with the host at its first run, so a first run may be recorded
@@ -314,8 +311,7 @@ class ShardCheck:
         """The plan's batch keys that may fail a capture (a host sync in a quantized type's own
         write), or every key where it has none."""
         keys = frozenset(batch.key for batch in self.planned)
-        quantized = frozenset(k for k in keys if k[0] or k[4] is not type(None))
-        return quantized or keys
+        return frozenset(k for k in keys if k[0] or k[4] is not type(None)) or keys
 
     def _capture(self, replay: bool = True, tentative: bool = False) -> None:
         """Capture the plan's compares as one CUDA graph (an own-write key of many batches as one
@@ -420,18 +416,21 @@ class ShardCheck:
         for slot in self.slots:
             slot.count_every_phase(self.stride, tables)
             slot.covered(self.phase.value)
+        self._per_phase = batches.elements_per_phase(self.slots, self.stride)
 
     def _tally_checked(self) -> None:
-        """What was checked and how (independent of the verdicts): counted once per phase where
-        the graph replays (the same params, blocks and paths every time)."""
-        replayed = self.verdicts is self.graph_verdicts
-        report = self._tallies.get(self.phase.value) if replayed else None
-        if report is None:
+        """What was checked and how (independent of the verdicts): counted once per plan where the
+        graph replays (the same params, blocks and paths every time; a phase changes its count)."""
+        replayed, value = self.verdicts is self.graph_verdicts, self.phase.value
+        report = self._tallies.get(value) if replayed else None
+        if report is None and replayed and self._tallies and self._per_phase:
+            report = replace(next(iter(self._tallies.values())), elements_checked=self._per_phase[value])
+        elif report is None:
             report = WeightReport(event="")
-            batches.count_slots(self.slots, self.phase.value, report)
+            batches.count_slots(self.slots, value, report)
             self._count_paths(report)
-            if replayed:
-                self._tallies[self.phase.value] = report
+        if replayed:
+            self._tallies[value] = report
         self.report.add_checked(report)
 
     def _count_paths(self, report: WeightReport) -> None:

@@ -232,9 +232,9 @@ def _kept_plan(
     """This layout's kept state, and its plan of ``key`` ready for this call (None: none kept).
     A kept graph is launched before the fingerprint is taken (``_replay_early``) and is read only
     if the fingerprint then finds the layout unchanged."""
-    early = _replay_early(optimizer, key, report, offset)
+    early, known = _replay_early(optimizer, key, report, offset)
     addressed: list[torch.Tensor] = []
-    layout = _layout_of(optimizer, fingerprint(chunks, optimizer, addressed), addressed)
+    layout = _layout_of(optimizer, fingerprint(chunks, optimizer, addressed, known), addressed)
     plan = layout.plans.get(key) if layout is not None else None
     if early is not None and early is not plan:  # the layout changed: that replay is not read
         early.check.abandon()
@@ -243,10 +243,15 @@ def _kept_plan(
     return layout, plan
 
 
-def _replay_early(optimizer: Any, key: tuple[Any, ...], report: WeightReport, offset: int) -> _Plan | None:
+def _replay_early(
+    optimizer: Any, key: tuple[Any, ...], report: WeightReport, offset: int
+) -> tuple[_Plan | None, tuple[list[torch.Tensor], list[int]] | None]:
     """The kept plan of ``key``, its graph launched at this call's phase before the layout is
     fingerprinted, so that the GPU compares while the host takes the fingerprint (most of a
-    replayed check's host time); None where there is no graph to launch.
+    replayed check's host time); None where there is no graph to launch. With it, the addresses
+    it just read (the fingerprint takes them as they are instead of reading every tensor again:
+    after a training step the tensors' objects are out of the CPU's caches, and each read of
+    them costs a miss).
 
     Launching before knowing the layout is unchanged is safe because the plan holds every tensor
     its graph reads (its views, the layout's ``addressed``): a param or shard the job replaced is
@@ -257,18 +262,19 @@ def _replay_early(optimizer: Any, key: tuple[Any, ...], report: WeightReport, of
     try:
         layout = _PLANS.get(optimizer)
     except TypeError:
-        return None
+        return None, None
     plan = layout.plans.get(key) if layout is not None else None
     if plan is None or not plan.check.replayable():
-        return None
+        return None, None
     try:
-        if list(map(DATA_PTR, layout.addressed)) != layout.pointers:  # type: ignore[union-attr]
-            return None
+        pointers = list(map(DATA_PTR, layout.addressed))  # type: ignore[union-attr]
     except (RuntimeError, NotImplementedError, TypeError):
-        return None
+        return None, None
+    if pointers != layout.pointers:  # type: ignore[union-attr]
+        return None, None
     plan.check.restart(report, offset)
     plan.check.launch()
-    return plan
+    return plan, (layout.addressed, pointers)  # type: ignore[union-attr]
 
 
 def _layout_of(optimizer: Any, taken: tuple[Any, ...], addressed: list[torch.Tensor]) -> _Layout | None:

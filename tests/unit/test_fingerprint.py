@@ -68,8 +68,21 @@ def test_the_tensors_it_addressed_are_those_a_plan_reads_by_address(layout: dict
     assert want <= got <= want | {id(quantized)}, [type(t).__name__ for t in addressed]
 
 
+def test_addresses_read_just_before_stand_only_for_those_very_tensors(layout: dict[str, Any]) -> None:
+    """A replayed check reads the addresses once (its launch's guard) and hands them on, so the
+    fingerprint need not read every tensor again; they stand in only for the same objects. After
+    a main shard is swapped for another, the fingerprint is the one taken afresh (else the next
+    check's would differ from it, and no plan would be kept)."""
+    addressed: list[Any] = []
+    first = fingerprint.fingerprint([], None, addressed)
+    pointers = [t.data_ptr() for t in addressed]
+    assert fingerprint.fingerprint([], None, known=(addressed, pointers)) == first
+    layout["mains"][0] = layout["mains"][0].clone()
+    assert fingerprint.fingerprint([], None, known=(addressed, pointers)) == _fp() != first
+
+
 def test_a_plain_param_with_one_of_the_attributes_is_read_as_the_others(layout: dict[str, Any]) -> None:
-    """The fast path for plain params (no lookups that miss) does not hide an attribute set on one."""
+    """A plain param is read as the quantized ones are: an attribute set on one is seen."""
     before = _fp()
     layout["params"][1]._scale_inv = torch.ones(1)
     assert _fp() != before
