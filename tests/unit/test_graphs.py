@@ -352,6 +352,66 @@ def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by
         assert not rest or made[2].replays == batches % group * (1 + stride)
 
 
+def test_a_template_batch_with_fewer_segments_compares_each_item_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A template launches every segment the key's largest batch has; in a batch with fewer, the
+    missing segment's table is padding, and its programs must find no item there (a guard row).
+    Without it they take the row before it, the last item of the batch's full segment, at block
+    indices counted from a later program: before its first block (out of bounds: the interpreter
+    segfaults, a GPU faults) and its blocks again (counted twice). Segments of 4 rows (the
+    kernel's bound lowered): the first batch is ``cap`` one-block params (two segments or more),
+    the second four params that fill it to the cap (one segment, no tile padding row after them)."""
+    from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
+    from mbridge_mxfp8_plugin.verify import _program_rows, fused, shard
+    from mbridge_mxfp8_plugin.verify.batches import Owned
+    from mbridge_mxfp8_plugin.verify.read import reader_for
+    from mbridge_mxfp8_plugin.verify.report import WeightReport
+
+    if not fused.available(torch.device("cpu")):
+        pytest.skip("no gather kernel here (TRITON_INTERPRET)")
+    monkeypatch.setenv("MXFP8_VERIFY_TRITON", "1")
+    monkeypatch.setenv("MXFP8_VERIFY_FUSED", "0")
+    monkeypatch.setattr(graphs, "_GRAPHS_OFF", {})
+    monkeypatch.setattr(graphs, "on_cuda", lambda tensor: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(_program_rows, "MAX_ROWS", 4)
+
+    def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
+        out = record()
+        return _Replaying(record, out, check), out
+
+    monkeypatch.setattr(graphs, "capture", capture)
+
+    def add(check: Any, blocks: list[int]) -> list[torch.Tensor]:
+        made = []
+        for i, n in enumerate(blocks):
+            gen = torch.Generator().manual_seed(i)
+            values = (torch.randn(1, 32 * n, generator=gen) * 2.0 ** (i % 7)).bfloat16()
+            made.append(TEShapedMXFP8Quantizer(rowwise=True, columnwise=False).quantize(values))
+            main = values.float().reshape(-1)
+            check.add(
+                f"p{i}", made[-1], reader_for(made[-1]), Owned(main, 0, main.numel(), torch.bfloat16), True
+            )
+        return made
+
+    probe = shard.ShardCheck(WeightReport(event="t"), atol=0.0, stride=1, offset=0, budget_bytes=8 << 10)
+    add(probe, [1])
+    cap = next(iter(probe.capacity.values()))  # blocks per batch
+    assert cap > 4 and cap % 32 == 0
+    check = shard.ShardCheck(WeightReport(event="t"), atol=0.0, stride=1, offset=0, budget_bytes=8 << 10)
+    params = add(check, [1] * cap + [cap // 4] * 4)
+    check.finish(max_names=5)
+    assert [len(b.items) for b in check.planned] == [cap, 4] and len(check.templates) == 1
+    assert check.report.ok and check.templates[0].counts.tolist() == [0, 0]
+    params[-1]._rowwise_scale_inv[0, 0] += 1  # the second batch's last item, its segment's last row
+    report = WeightReport(event="t")
+    check.restart(report, 1)
+    check.finish(max_names=5)
+    assert check.templates[0].counts.tolist() == [0, 1]  # one differing scale byte, compared once
+    assert [m.name for m in report.shard_mismatches] == [f"p{cap + 3}"]
+
+
 def test_a_launch_left_unread_is_not_taken_for_the_next_calls_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     """A replay launched ahead of a call's host work (``verify_weights`` launches it before the
     fingerprint) whose call then never finished: the next call replays its own phase, not that
