@@ -149,12 +149,13 @@ def _template(launches: list[GatherLaunch], group: list[Any]) -> Template | None
     packed[..., _PROGRAM] = _UNREACHED
     packed[:, :, 0, _PROGRAM] = 0  # a missing segment: one row of no blocks that every program finds
     programs = [1] * segs
-    for b, (launch, shift) in enumerate(zip(launches, shifts, strict=True)):
+    for b, launch in enumerate(launches):
         for s, seg in enumerate(launch.segments):
-            items = seg.items.clone()
-            items[:, :3] += torch.tensor(shift, dtype=torch.int64)
-            packed[b, s, : seg.rows] = items
+            packed[b, s, : seg.rows] = seg.items
             programs[s] = max(programs[s], seg.programs)
+    # Each batch's addresses rebased, in one operation: a padding row's move too, harmlessly (it
+    # has no block to read).
+    packed[..., :3] += torch.tensor(shifts, dtype=torch.int64)[:, None, None, :]
     device = first.main.device
     packed = packed.to(device)
     segments = tuple(

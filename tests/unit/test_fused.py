@@ -505,7 +505,8 @@ def test_a_plans_tables_reach_the_device_as_views_of_one_copy(monkeypatch: pytes
     tables.upload()
     held = [s.items for one in kept if one is not None for s in one.segments]
     assert len(held) == 6 and len({t.untyped_storage().data_ptr() for t in held}) == 1
-    assert len({s.items.untyped_storage().data_ptr() for s in alone.segments}) == 3
+    shared = {t.untyped_storage().data_ptr() for t in held}
+    assert not shared & {s.items.untyped_storage().data_ptr() for s in alone.segments}  # its own table
     for offset in range(4):
         phase.set(offset)
         phase.begin()
