@@ -83,8 +83,8 @@ def segments(
     most = _program_rows.MAX_ROWS
     firsts: list[int] = []
     for lo in range(0, len(chunks), most):
-        part = chunks[lo : lo + most]
-        firsts.extend(accumulate(part[:-1], initial=0))
+        counts = chunks[lo : lo + most]
+        firsts.extend(accumulate(counts[:-1], initial=0))
     table[:, field] = torch.tensor(firsts, dtype=table.dtype)
     out = []
     for lo in range(0, table.shape[0], most):
