@@ -319,6 +319,13 @@ def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by
         return made[-1], out
 
     monkeypatch.setattr(reference.Reference, "codes", counted)
+    tabled, gather_launch = [0], fused.gather_launch
+
+    def tabling(*args: Any, **kwargs: Any) -> Any:
+        tabled[0] += 1
+        return gather_launch(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "gather_launch", tabling)
     monkeypatch.setattr(graphs, "capture", capture)
     check = shard.ShardCheck(WeightReport(event="t"), atol=0.0, stride=stride, offset=0, budget_bytes=8 << 10)
     params = _shard_params(wide=(128, 512))  # 2048 blocks: at 1/16 four batches of 32, ragged a fifth
@@ -347,6 +354,7 @@ def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by
         [(0, "ragged", 32), (0, "wide", 32)] if stride == 1 else [(7, "ragged", 32), (11, "wide", 32)]
     )
     assert len(judged) == 2  # exact verdicts: only the two corrupted batches were flagged
+    assert tabled[0] == batches  # each batch's tables made once, at the plan's first call
     if templates:  # per call a replay per group of batches, and one per batch of the rest
         assert made[1].replays == batches // group * (1 + stride)
         assert not rest or made[2].replays == batches % group * (1 + stride)
