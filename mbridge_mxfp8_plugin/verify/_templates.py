@@ -25,7 +25,7 @@ import torch
 
 from . import graphs
 from ._tables import Segment
-from .fused import GATHER_FIELDS, GatherLaunch, _offset
+from .fused import GATHER_FIELDS, GatherLaunch, _offsets
 
 __all__ = ["Template", "capture_all", "plan_templates", "replay_all"]
 
@@ -134,11 +134,8 @@ def _template(launches: list[GatherLaunch], group: list[Any]) -> Template | None
     for launch in launches:
         if (launch.rows_dtype, launch.round_bf16) != (first.rows_dtype, first.round_bf16):
             return None
-        shift = [
-            _offset(t, base)
-            for t, base in zip((launch.main, launch.codes, launch.scales), bases, strict=True)
-        ]
-        if None in shift:  # another dtype or device, or not a whole number of elements away
+        shift = _offsets(zip((launch.main, launch.codes, launch.scales), bases, strict=True))
+        if shift is None:  # another dtype or device, or not a whole number of elements away
             return None
         shifts.append(shift)
     width = len(GATHER_FIELDS)
