@@ -115,7 +115,7 @@ _LAYOUT_ATTRS = ("_fp8_dtype", "_with_gemm_swizzled_scales", "_quantizer")
 _HELD_ATTRS = ("_rowwise_data", "_rowwise_scale_inv", "_data", "_scale_inv")
 
 
-#: Param types that hold values only: none of the attributes above unless set on the instance.
+#: Plain tensor types: a ``data_ptr`` they refuse is not taken for a storage-less wrapper type.
 _PLAIN = (torch.nn.Parameter, torch.Tensor)
 _ATTRS = frozenset(_HELD_ATTRS + _LAYOUT_ATTRS)
 DATA_PTR = torch.Tensor.data_ptr
