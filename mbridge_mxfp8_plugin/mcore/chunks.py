@@ -32,36 +32,40 @@ def find_model_chunks(roots: Iterable[Any]) -> tuple[list[Any], list[Any]]:
     found: list[Any] = []
     fsdp: list[Any] = []
     seen: set[int] = set()
-
-    def visit(obj: Any, depth: int) -> None:
+    # Depth first with a stack of its own, not a recursive closure: a closure that calls itself
+    # is a reference cycle, which every check (``verify_weights`` asks at each call) would leave
+    # to the cyclic collector, whose pass then lands in a later check.
+    stack = [(root, 0) for root in reversed(list(roots))]
+    while stack:
+        obj, depth = stack.pop()
         if obj is None or id(obj) in seen or depth > _MAX_DEPTH:
-            return
+            continue
         seen.add(id(obj))
         if is_megatron_fsdp(obj):
             fsdp.append(obj)
-            return
-        if is_megatron_ddp(obj):
+        elif is_megatron_ddp(obj):
             found.append(obj)
-            return
-        if isinstance(obj, (list, tuple)):
-            for item in obj:
-                visit(item, depth + 1)
-            return
-        inner = getattr(obj, "module", None) if not isinstance(obj, type) else None
-        if inner is not None:
-            visit(inner, depth + 1)
-        children = getattr(obj, "children", None)
-        if callable(children):
-            try:
-                kids = list(children())
-            except TypeError:
-                kids = []
-            for child in kids:
-                visit(child, depth + 1)
-
-    for root in roots:
-        visit(root, 0)
+        else:
+            stack.extend((inner, depth + 1) for inner in reversed(_inside(obj)))
     return found, fsdp
+
+
+def _inside(obj: Any) -> list[Any]:
+    """What discovery walks into from ``obj``, in order: a list's items, or a wrapper's
+    ``.module`` and then its child modules."""
+    if isinstance(obj, (list, tuple)):
+        return list(obj)
+    out: list[Any] = []
+    inner = getattr(obj, "module", None) if not isinstance(obj, type) else None
+    if inner is not None:
+        out.append(inner)
+    children = getattr(obj, "children", None)
+    if callable(children):
+        try:
+            out += list(children())
+        except TypeError:  # not a module's ``children``: nothing inside
+            pass
+    return out
 
 
 def model_chunks(held: Sequence[Any] | Any) -> list[Any]:
