@@ -25,12 +25,15 @@ stricter of the two).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import gc
 import json
 import os
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +101,12 @@ def _measure(job: Any, key: str, sample: float) -> dict[str, Any]:
     report = check()
     sync()
     res[f"{key}_first_s"] = time.perf_counter() - t0
-    later = [timed(check) for _ in range(max(4, 2 * stride))]
-    res[f"{key}_later_s"] = later
+    with _collections() as passes:
+        later = [_counted(check, passes) for _ in range(max(4, 2 * stride))]
+    res[f"{key}_later_s"] = [t for t, _ in later]
+    # Python's collector passes inside each later call's window: [call, generation, ms]
+    res[f"{key}_later_gc"] = [[i, g, ms] for i, (_, seen) in enumerate(later) for g, ms in seen]
+    later = res[f"{key}_later_s"]
     res[f"{key}_later_median_s"] = statistics.median(later)
     res[f"{key}_later_max_s"] = max(later)
     res[f"{key}_s"] = timeit(check)
@@ -119,13 +126,116 @@ def _measure(job: Any, key: str, sample: float) -> dict[str, Any]:
     res[f"{key}_peak_extra_bytes"] = max(steady_peak, peak_extra(check))
     # The plugin's train-start warm-up (one call: plan, probes, recording), then the job's evals.
     _fresh()
-    res[f"{key}_warm_s"] = timed(check)
+    if key in os.environ.get("VERIFY_PROFILE_FIRST", "").split(","):  # a job's first two calls
+        _profile(check, f"{key} (a job's first call)", calls=1, fresh=True)
+        _profile(check, f"{key} (the job's second call)", calls=1)
+        _fresh()
+    with _parts() as parts:
+        res[f"{key}_warm_s"] = timed(check)
+    res[f"{key}_warm_parts_s"] = parts
     res[f"{key}_after_warm_max_s"] = max(timed(check) for _ in range(stride))
+    groups = os.environ.get("VERIFY_GROUPS", "").split(",")
+    wanted = os.environ.get("VERIFY_GROUP_KEYS", key).split(",")
+    for group in (int(g) for g in groups if g and key in wanted):
+        res.setdefault(f"{key}_groups", {})[group] = _with_group(check, group, stride)
     return res
 
 
-def _profile(check: Any, key: str, calls: int = 20) -> None:
-    """Rank 0 prints the host profile of ``calls`` steady calls and, on a GPU, their kernels."""
+def _with_group(check: Any, group: int, stride: int) -> dict[str, Any]:
+    """A job's first call and its later ones with ``group`` own-write batches recorded per replay
+    (``_templates._GROUP``): what a graph of more batches costs to make against what it saves
+    each later call, side by side in one process."""
+    from mbridge_mxfp8_plugin.verify import _templates
+
+    kept, _templates._GROUP = _templates._GROUP, group
+    try:
+        _fresh()
+        with _parts() as parts:
+            warm = timed(check)
+        later = [timed(check) for _ in range(max(4, stride))]
+        return {"warm_s": warm, "parts_s": parts, "later_max_s": max(later), "steady_s": timeit(check)}
+    finally:
+        _templates._GROUP = kept
+        _fresh()
+
+
+#: Where a job's first call goes: (module, owner, function) -> the name of its share.
+_PARTS = {
+    ("weights", None, "_make_plan"): "walk",
+    ("probe", "Probed", "probe"): "probes",
+    ("shard", "ShardCheck", "_plan_launches"): "tables",
+    ("shard", "ShardCheck", "_run_eager"): "eager run",
+    ("graphs", None, "capture"): "record",
+    ("torch", "CUDAGraph", "capture_end"): "instantiate",
+    ("shard", "ShardCheck", "_replay"): "first launch",
+}
+
+
+@contextlib.contextmanager
+def _parts() -> Iterator[dict[str, float]]:
+    """Seconds spent in each of :data:`_PARTS` meanwhile (nested shares are counted in both: the
+    instantiation is part of the recording). Wall time on the host, no profiler."""
+    import importlib
+
+    import torch
+
+    spent: dict[str, float] = {}
+    undo = []
+    for (module, owner, name), label in _PARTS.items():
+        if module == "torch":
+            holder: Any = torch.cuda.CUDAGraph if torch.cuda.is_available() else None
+        else:
+            holder = importlib.import_module(f"mbridge_mxfp8_plugin.verify.{module}")
+            holder = getattr(holder, owner) if owner else holder
+        if holder is None:
+            continue
+        real = getattr(holder, name)
+
+        def timed_part(*a: Any, _real: Any = real, _label: str = label, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _real(*a, **k)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t0
+
+        setattr(holder, name, timed_part)
+        undo.append((holder, name, real))
+    try:
+        yield spent
+    finally:
+        for holder, name, real in undo:
+            setattr(holder, name, real)
+
+
+@contextlib.contextmanager
+def _collections() -> Iterator[list[tuple[int, float, float]]]:
+    """Every pass of Python's cyclic collector meanwhile: (generation, start, end)."""
+    passes: list[tuple[int, float, float]] = []
+    started: list[float] = []
+
+    def seen(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            passes.append((info["generation"], started.pop(), time.perf_counter()))
+
+    gc.callbacks.append(seen)
+    try:
+        yield passes
+    finally:
+        gc.callbacks.remove(seen)
+
+
+def _counted(check: Any, passes: list[tuple[int, float, float]]) -> tuple[float, list[tuple[int, float]]]:
+    """``timed(check)``, and the collector's passes inside its window (generation, ms)."""
+    n = len(passes)
+    seconds = timed(check)
+    return seconds, [(g, round((b - a) * 1e3, 3)) for g, a, b in passes[n:]]
+
+
+def _profile(check: Any, key: str, calls: int = 20, fresh: bool = False) -> None:
+    """Rank 0 prints the host profile of ``calls`` steady calls and, on a GPU, their kernels
+    (``fresh``: of a job's first call, whose plan the profiler's second pass makes again)."""
     import cProfile
     import io
     import pstats
@@ -139,18 +249,21 @@ def _profile(check: Any, key: str, calls: int = 20) -> None:
         check()
     sync()
     prof.disable()
+    sort = "cumulative" if calls == 1 else "tottime"
     kernels = ""
     if torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as gpu:
             for _ in range(calls):
+                if fresh:
+                    _fresh()
                 check()
             sync()
         kernels = gpu.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     if torch.distributed.get_rank() == 0:
         out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)
+        pstats.Stats(prof, stream=out).sort_stats(sort).print_stats(30 if calls == 1 else 20)
         print(f"profile of {calls} steady calls of {key}:\n{out.getvalue()}\n{kernels}", flush=True)
 
 
@@ -168,6 +281,8 @@ def measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
     for cast, quant in casts.items():
         with quant():
             res[f"eval_{cast}_s"] = timeit(lambda: prestaged_transition(job, engine), reset)
+    # What the timing itself costs: the barrier and device sync that close every timed call
+    res["sync_s"] = statistics.median(timed(lambda: None) for _ in range(50))
     for path, (cast, fused, _) in PATHS.items():
         os.environ["MXFP8_VERIFY_FUSED"] = "1" if fused else "0"
         with casts[cast]():
