@@ -126,6 +126,10 @@ def pack(item: Item, cap: int, batch: Batch, full: Callable[[], Batch]) -> Batch
     """Append ``item``'s blocks to ``batch``, split where it fills: each full batch is handed to
     ``full``, which returns the batch to go on with. Returns the batch left open. Only the last
     part of an item carries its short run, which no block count includes."""
+    if batch.blocks + item.blocks.count < cap:  # the usual case of a sample: it fits whole
+        batch.items.append(item)
+        batch.blocks += item.blocks.count
+        return batch
     lo = 0
     while True:
         part = item.blocks.part(lo, min(cap - batch.blocks, item.blocks.count - lo))

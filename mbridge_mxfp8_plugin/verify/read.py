@@ -16,7 +16,7 @@ wrongly makes params ``unchecked``, never ``WRONG``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,7 +56,7 @@ class Blocks:
         return self.aligned
 
     def part(self, lo: int, count: int) -> Blocks:
-        return replace(self, start=self.start + lo * self.step, count=count)
+        return Blocks(self.last, self.start + lo * self.step, count, self.step, self.origin)
 
     def at(self, value: int) -> Blocks:
         """These blocks at sampled phase ``value``: the same (one phase; see ``sampling.Phased``)."""

@@ -12,7 +12,7 @@ report's per-phase element counts and the failure path's re-judge use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -104,7 +104,7 @@ def _phased(whole: Blocks, phase: Phase) -> Blocks:
     """The sampled blocks of the ``whole`` range: static where there is one phase (or nothing)."""
     n, stride = whole.count, phase.stride
     if stride == 1 or n == 0:
-        return replace(whole, step=stride)
+        return Blocks(whole.last, whole.start, whole.count, stride, whole.origin)
     return Phased(whole.last, whole.start, -(-n // stride), stride, whole.origin, n=n, phase=phase)
 
 
@@ -216,7 +216,9 @@ class Phased(Blocks):
         return -(-self.n // self.step)
 
     def part(self, lo: int, count: int) -> Phased:
-        return replace(self, lo=self.lo + lo, count=count)
+        # Not ``dataclasses.replace``: a plan's first call makes one part per param and batch,
+        # and replace costs several times a constructor.
+        return Phased(self.last, self.start, count, self.step, self.origin, self.n, self.phase, self.lo + lo)
 
     def at(self, value: int) -> Blocks:
         """These blocks at phase ``value`` as host arithmetic: exactly that phase's blocks."""
