@@ -141,6 +141,16 @@ def _measure(job: Any, key: str, sample: float) -> dict[str, Any]:
     return res
 
 
+def _barrier() -> float:
+    """Seconds of the barrier alone, on an idle device (part of what ``sync_s`` times)."""
+    import torch
+
+    sync()
+    t0 = time.perf_counter()
+    torch.distributed.barrier()
+    return time.perf_counter() - t0
+
+
 def _with_group(check: Any, group: int, stride: int) -> dict[str, Any]:
     """A job's first call and its later ones with ``group`` own-write batches recorded per replay
     (``_templates._GROUP``): what a graph of more batches costs to make against what it saves
@@ -283,6 +293,7 @@ def measure_size(label: str, hidden: int, layers: int) -> dict[str, Any]:
             res[f"eval_{cast}_s"] = timeit(lambda: prestaged_transition(job, engine), reset)
     # What the timing itself costs: the barrier and device sync that close every timed call
     res["sync_s"] = statistics.median(timed(lambda: None) for _ in range(50))
+    res["barrier_s"] = statistics.median(_barrier() for _ in range(50))
     for path, (cast, fused, _) in PATHS.items():
         os.environ["MXFP8_VERIFY_FUSED"] = "1" if fused else "0"
         with casts[cast]():
