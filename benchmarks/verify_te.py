@@ -101,6 +101,8 @@ def _measure(job: Any, key: str, sample: float) -> dict[str, Any]:
     report = check()
     sync()
     res[f"{key}_first_s"] = time.perf_counter() - t0
+    if key in os.environ.get("VERIFY_PROFILE_SECOND", "").split(","):  # the process's second call
+        _profile(check, f"{key} (the process's second call)", calls=1)  # leaves calls 3.. timed
     with _collections() as passes:
         later = [_counted(check, passes) for _ in range(max(4, 2 * stride))]
     res[f"{key}_later_s"] = [t for t, _ in later]
