@@ -59,6 +59,8 @@ TARGETS = {
     "sampled_later": 0.10,  # every call from the second of the job on
     "sampled_first": 1.0,
     "sampled_vs_full": 0.10,
+    # "measurably cheaper": beyond the 1-2 % that steady medians of one process move between runs
+    "s64_vs_s16": 0.95,
     "full_later_own": 1.0,
     "full_later_fused": 0.5,
     "full_first": 1.5,
@@ -411,7 +413,7 @@ def rows_of(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 "sampled first call of a job, kernels compiled <= 1.0x": row["s16_warm_x"]
                 <= TARGETS["sampled_first"],
                 "sampled / full <= 0.1": row["s16_vs_full"] <= TARGETS["sampled_vs_full"],
-                "1/64 cheaper than 1/16": row["s64_vs_s16"] < 1.0,
+                "1/64 measurably cheaper than 1/16 (<= 0.95x)": row["s64_vs_s16"] <= TARGETS["s64_vs_s16"],
                 f"full every call from the second <= {full_later}x": row["full_later_max_x"] <= full_later,
                 "full first call of the process <= 1.5x": row["full_first_x"] <= TARGETS["full_first"],
                 "full first call of a job, kernels compiled <= 1.5x": row["full_warm_x"]
