@@ -391,6 +391,12 @@ def main() -> int:
     v.add_argument("--nproc", type=int, default=1)
     v.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "verify_te"))
     v.add_argument("--no-run", action="store_true", help="only tabulate the raw results already in --out")
+    c = sub.add_parser("verify-cold", help="a kept weight check's host time, warm and cold, on the CPU")
+    c.add_argument("--size", default="256x60", help="HIDDENxLAYERS (60 layers: the 1B job's 120 params)")
+    c.add_argument("--stride", type=int, default=16, help="the check's sample is 1/STRIDE")
+    c.add_argument("--calls", type=int, default=20, help="calls per condition and round")
+    c.add_argument("--rounds", type=int, default=5, help="rounds, each condition in turn")
+    c.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "verify_cold"))
     p = sub.add_parser("replot")
     p.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "eval_sync.json"))
     args = parser.parse_args()
@@ -407,6 +413,10 @@ def main() -> int:
         return 0
     if args.cmd == "verify":
         return verify_te.run(args)
+    if args.cmd == "verify-cold":
+        import verify_cold
+
+        return verify_cold.run(args)
     return run(args)
 
 

@@ -1,0 +1,173 @@
+"""A kept weight check's host time, warm and cold, on the CPU (issue 32: at 1B a sampled check
+right after an eval transition costs 0.2-1.4 ms more on the H100's host than back to back).
+
+A replayed check is host work around one graph launch: the launch's address guard
+(``_replay_early``), the layout's fingerprint, the verdict read (``finish``) and the call's own
+bookkeeping. Each reads a few Python and C++ objects per param. Back to back they sit in the CPU's
+caches; after an eval transition, which walks the same job's buffers and more, they do not, and
+every read is a miss. This measures that walk, stage by stage, in three conditions interleaved in
+rounds: back to back, after a 64 MiB write (caches evicted, nothing else changed) and after an eval
+transition (the plugin's eval path, what a job runs before its check).
+
+On the CPU, with two stand-ins documented here: the plan's graph is "captured" by running its
+recording once and "replayed" by doing nothing (a GPU replay runs no Python, and its outputs keep
+the recorded verdicts: the weights do not change between calls); the timed calls run with torch's
+function modes off, since the CPU shim's mode (how megatron-core runs without CUDA here) would
+otherwise sit in every tensor method, which a GPU job does not have. The device work is not
+measured: this is the host's part only.
+
+    python benchmarks/eval_sync.py verify-cold --size 256x60 --out benchmarks/results/verify_cold
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from _job import between_evals, parse_size, prepared_job, prestaged_transition
+
+#: the stages timed inside one check, as ``(module, owner, name) -> label``; the rest is "other"
+_STAGES = {
+    ("weights", None, "_replay_early"): "launch guard and launch",
+    ("weights", None, "fingerprint"): "fingerprint",
+    ("shard", "ShardCheck", "finish"): "verdict read and report",
+}
+_CONDITIONS = ("back to back", "caches evicted", "after an eval transition")
+
+
+class _Replay:
+    """A kept graph's replay on the CPU: nothing runs, its outputs keep the recorded verdicts."""
+
+    def replay(self) -> None:
+        pass
+
+
+def _capture(record: Any, paths: Any = ()) -> tuple[_Replay, Any]:
+    return _Replay(), record()
+
+
+def _timed_stages(spent: dict[str, float]) -> None:
+    import importlib
+
+    for (module, owner, name), label in _STAGES.items():
+        holder: Any = importlib.import_module(f"mbridge_mxfp8_plugin.verify.{module}")
+        holder = getattr(holder, owner) if owner else holder
+        real = getattr(holder, name)
+
+        def timed(*a: Any, _real: Any = real, _label: str = label, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _real(*a, **k)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t0
+
+        setattr(holder, name, timed)
+
+
+def measure(size: str, sample: float, calls: int, rounds: int) -> dict[str, Any]:
+    import torch
+
+    from mbridge_mxfp8_plugin import verify_weights
+    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
+    from mbridge_mxfp8_plugin.verify import graphs
+
+    os.environ["MXFP8_PARAM_KIND"] = "te"
+    for name, value in (
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29541"),
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+    ):
+        os.environ.setdefault(name, value)
+    torch.distributed.init_process_group("gloo")
+    out: dict[str, Any] = {"size": size, "sample": sample, "calls": calls, "rounds": rounds}
+    with cpu_shim(), emulated_mxfp8():
+        job, engine = prepared_job(*parse_size(size))
+        reset = between_evals(engine)
+
+        def transition() -> None:
+            reset()
+            prestaged_transition(job, engine)
+
+        transition()  # the weights are current: what the check is for
+        out["params"] = sum(1 for _ in job.model[0].parameters())
+        graphs.on_cuda, graphs.capture = (lambda t: True), _capture
+        torch.cuda.is_current_stream_capturing = lambda: False
+        spent: dict[str, float] = {}
+        _timed_stages(spent)
+
+        def check() -> Any:
+            with torch._C.DisableTorchFunction():
+                return verify_weights(job.model, job.optimizer, event="benchmark", sample=sample)
+
+        for _ in range(3):  # planned, recorded, replayed
+            check()
+        evict = torch.ones(16 << 20)  # 64 MiB, more than this CPU's last-level cache
+        before = {
+            _CONDITIONS[0]: lambda: None,
+            _CONDITIONS[1]: lambda: evict.add_(1.0),
+            _CONDITIONS[2]: transition,
+        }
+        seen: dict[str, dict[str, list[float]]] = {c: {} for c in _CONDITIONS}
+        for _ in range(rounds):
+            for condition, prepare in before.items():
+                for _ in range(calls):
+                    prepare()
+                    spent.clear()
+                    t0 = time.perf_counter()
+                    report = check()
+                    total = time.perf_counter() - t0
+                    if not report.ok:
+                        raise SystemExit(f"the check failed ({condition}): {report.message()}")
+                    parts = seen[condition]
+                    parts.setdefault("total", []).append(total)
+                    for label, s in spent.items():
+                        parts.setdefault(label, []).append(s)
+                    parts.setdefault("other", []).append(total - sum(spent.values()))
+    out["median_us"] = {
+        c: {label: statistics.median(v) * 1e6 for label, v in parts.items()} for c, parts in seen.items()
+    }
+    torch.distributed.destroy_process_group()
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib not installed: no plot at {path}")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [*_STAGES.values(), "other"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bottom = [0.0] * len(_CONDITIONS)
+    for label in labels:
+        values = [result["median_us"][c][label] for c in _CONDITIONS]
+        ax.bar(_CONDITIONS, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_ylabel("host time per check (us, medians)")
+    ax.set_title(f"a kept 1/{round(1 / result['sample'])} check, {result['params']} params, CPU")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = measure(args.size, 1.0 / args.stride, args.calls, args.rounds)
+    (out / "verify_cold.json").write_text(json.dumps(result, indent=2))
+    plot(result, out / "verify_cold.png")
+    base = result["median_us"][_CONDITIONS[0]]["total"]
+    for condition in _CONDITIONS:
+        parts = result["median_us"][condition]
+        stages = ", ".join(f"{label} {v:.0f}" for label, v in parts.items() if label != "total")
+        print(f"{condition:>26}: {parts['total']:6.0f} us ({parts['total'] / base:.1f}x)  [{stages}]")
+    return 0
