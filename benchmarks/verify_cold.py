@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from _job import between_evals, parse_size, prepared_job, prestaged_transition
+from verify_te import timed_parts
 
 #: the stages timed inside one check, as ``(module, owner, name) -> label``; the rest is "other"
-_STAGES = {
+_STAGES: dict[tuple[str, str | None, str], str] = {
     ("weights", None, "_replay_early"): "launch guard and launch",
     ("weights", None, "fingerprint"): "fingerprint",
     ("shard", "ShardCheck", "finish"): "verdict read and report",
@@ -49,24 +50,6 @@ class _Replay:
 
 def _capture(record: Any, paths: Any = ()) -> tuple[_Replay, Any]:
     return _Replay(), record()
-
-
-def _timed_stages(spent: dict[str, float]) -> None:
-    import importlib
-
-    for (module, owner, name), label in _STAGES.items():
-        holder: Any = importlib.import_module(f"mbridge_mxfp8_plugin.verify.{module}")
-        holder = getattr(holder, owner) if owner else holder
-        real = getattr(holder, name)
-
-        def timed(*a: Any, _real: Any = real, _label: str = label, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return _real(*a, **k)
-            finally:
-                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - t0
-
-        setattr(holder, name, timed)
 
 
 def measure(size: str, sample: float, calls: int, rounds: int) -> dict[str, Any]:
@@ -98,8 +81,6 @@ def measure(size: str, sample: float, calls: int, rounds: int) -> dict[str, Any]
         out["params"] = sum(1 for _ in job.model[0].parameters())
         graphs.on_cuda, graphs.capture = (lambda t: True), _capture
         torch.cuda.is_current_stream_capturing = lambda: False
-        spent: dict[str, float] = {}
-        _timed_stages(spent)
 
         def check() -> Any:
             with torch._C.DisableTorchFunction():
@@ -114,26 +95,39 @@ def measure(size: str, sample: float, calls: int, rounds: int) -> dict[str, Any]
             _CONDITIONS[2]: transition,
         }
         seen: dict[str, dict[str, list[float]]] = {c: {} for c in _CONDITIONS}
-        for _ in range(rounds):
-            for condition, prepare in before.items():
-                for _ in range(calls):
-                    prepare()
-                    spent.clear()
-                    t0 = time.perf_counter()
-                    report = check()
-                    total = time.perf_counter() - t0
-                    if not report.ok:
-                        raise SystemExit(f"the check failed ({condition}): {report.message()}")
-                    parts = seen[condition]
-                    parts.setdefault("total", []).append(total)
-                    for label, s in spent.items():
-                        parts.setdefault(label, []).append(s)
-                    parts.setdefault("other", []).append(total - sum(spent.values()))
+        with timed_parts(_STAGES) as spent:
+            _rounds(check, before, seen, spent, calls, rounds)
     out["median_us"] = {
         c: {label: statistics.median(v) * 1e6 for label, v in parts.items()} for c, parts in seen.items()
     }
     torch.distributed.destroy_process_group()
     return out
+
+
+def _rounds(
+    check: Any,
+    before: dict[str, Any],
+    seen: dict[str, dict[str, list[float]]],
+    spent: dict[str, float],
+    calls: int,
+    rounds: int,
+) -> None:
+    """``rounds`` rounds, each condition in turn for ``calls`` calls: each call's total and stages."""
+    for _ in range(rounds):
+        for condition, prepare in before.items():
+            for _ in range(calls):
+                prepare()
+                spent.clear()
+                t0 = time.perf_counter()
+                report = check()
+                total = time.perf_counter() - t0
+                if not report.ok:
+                    raise SystemExit(f"the check failed ({condition}): {report.message()}")
+                parts = seen[condition]
+                parts.setdefault("total", []).append(total)
+                for label, s in spent.items():
+                    parts.setdefault(label, []).append(s)
+                parts.setdefault("other", []).append(total - sum(spent.values()))
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -149,7 +149,7 @@ def _measure(job: Any, key: str, sample: float, before: Any = None) -> dict[str,
         _profile(check, f"{key} (a job's first call)", calls=1, fresh=True)
         _profile(check, f"{key} (the job's second call)", calls=1)
         _fresh()
-    with _parts() as parts:
+    with timed_parts() as parts:
         res[f"{key}_warm_s"] = timed(check)
     res[f"{key}_warm_parts_s"] = parts
     res[f"{key}_after_warm_max_s"] = max(timed(check) for _ in range(stride))
@@ -179,7 +179,7 @@ def _with_group(check: Any, group: int, stride: int) -> dict[str, Any]:
     kept, _templates._GROUP = _templates._GROUP, group
     try:
         _fresh()
-        with _parts() as parts:
+        with timed_parts() as parts:
             warm = timed(check)
         later = [timed(check) for _ in range(max(4, stride))]
         return {"warm_s": warm, "parts_s": parts, "later_max_s": max(later), "steady_s": timeit(check)}
@@ -189,7 +189,7 @@ def _with_group(check: Any, group: int, stride: int) -> dict[str, Any]:
 
 
 #: Where a job's first call goes: (module, owner, function) -> the name of its share.
-_PARTS = {
+_PARTS: dict[tuple[str, str | None, str], str] = {
     ("weights", None, "_make_plan"): "walk",
     ("probe", "Probed", "probe"): "probes",
     ("shard", "ShardCheck", "_plan_launches"): "tables",
@@ -201,16 +201,17 @@ _PARTS = {
 
 
 @contextlib.contextmanager
-def _parts() -> Iterator[dict[str, float]]:
-    """Seconds spent in each of :data:`_PARTS` meanwhile (nested shares are counted in both: the
-    instantiation is part of the recording). Wall time on the host, no profiler."""
+def timed_parts(shares: dict[tuple[str, str | None, str], str] = _PARTS) -> Iterator[dict[str, float]]:
+    """Seconds spent in each of ``shares`` (default :data:`_PARTS`) meanwhile (nested shares are
+    counted in both: the instantiation is part of the recording). Wall time on the host, no
+    profiler."""
     import importlib
 
     import torch
 
     spent: dict[str, float] = {}
     undo = []
-    for (module, owner, name), label in _PARTS.items():
+    for (module, owner, name), label in shares.items():
         if module == "torch":
             holder: Any = torch.cuda.CUDAGraph if torch.cuda.is_available() else None
         else:
