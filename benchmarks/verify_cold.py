@@ -79,7 +79,8 @@ def measure(size: str, sample: float, calls: int, rounds: int) -> dict[str, Any]
 
         transition()  # the weights are current: what the check is for
         out["params"] = sum(1 for _ in job.model[0].parameters())
-        graphs.on_cuda, graphs.capture = (lambda t: True), _capture
+        # a graph is "captured" wherever the check lives (the CPU here), as on a GPU
+        graphs.on_cuda, graphs.capture = (lambda tensor: True), _capture
         torch.cuda.is_current_stream_capturing = lambda: False
 
         def check() -> Any:

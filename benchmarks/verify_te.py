@@ -535,7 +535,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r['size']} {r['core']} {r['path']}: 1/64 / 1/16 = {r['s64_vs_s16']:.2f}, "
             f"sampled / full = {r['s16_vs_full']:.3f}, fused kernel used: {r['fused_used']}"
         )
-    result = {"targets": TARGETS, "rows": rows, "raw": raws, "checks": checks}
+    result: dict[str, Any] = {"targets": TARGETS, "rows": rows, "raw": raws, "checks": checks}
     result["all_pass"] = all(ok for _, ok in checks)
     (out / "verify_te.json").write_text(json.dumps(result, indent=2))
     with open(out / "verify_te.csv", "w", newline="") as f:
