@@ -129,6 +129,32 @@ def between_evals(engine: Any) -> Callable[[], None]:
     return reset
 
 
+def eval_after_a_step(job: Any, engine: Any) -> Callable[[], None]:
+    """What a job runs before an eval's check: a training step's end (:func:`between_evals`),
+    then the eval transition (:func:`prestaged_transition`)."""
+    reset = between_evals(engine)
+
+    def transition() -> None:
+        reset()
+        prestaged_transition(job, engine)
+
+    return transition
+
+
+def pyplot(path: Path) -> Any:
+    """matplotlib's pyplot on its file backend, or None (said, with where the plot would go) where
+    matplotlib is not installed: the results stand without their plot."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib not installed: no plot at {path}")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def framework_forced_sync(job: Any) -> None:
     for chunk in job.model:
         chunk.start_param_sync(force_sync=True)

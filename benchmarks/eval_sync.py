@@ -69,6 +69,7 @@ from _job import (
     finish_ranks,
     measure_sizes,
     prepared_job,
+    pyplot,
     start_ranks,
     torchrun,
 )
@@ -285,13 +286,9 @@ def summarize(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"matplotlib not installed: no plot at {path}")
+    plt = pyplot(path)
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     rows = summary["passes"][0]["rows"] if "passes" in summary else summary["rows"]
     labels = [r["size"] for r in rows]

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _job import between_evals, parse_size, prepared_job, prestaged_transition
+from _job import eval_after_a_step, parse_size, prepared_job, pyplot
 from verify_te import timed_parts
 
 #: the stages timed inside one check, as ``(module, owner, name) -> label``; the rest is "other"
@@ -71,12 +71,7 @@ def measure(size: str, sample: float, calls: int, rounds: int) -> dict[str, Any]
     out: dict[str, Any] = {"size": size, "sample": sample, "calls": calls, "rounds": rounds}
     with cpu_shim(), emulated_mxfp8():
         job, engine = prepared_job(*parse_size(size))
-        reset = between_evals(engine)
-
-        def transition() -> None:
-            reset()
-            prestaged_transition(job, engine)
-
+        transition = eval_after_a_step(job, engine)
         transition()  # the weights are current: what the check is for
         out["params"] = sum(1 for _ in job.model[0].parameters())
         # a graph is "captured" wherever the check lives (the CPU here), as on a GPU
@@ -132,13 +127,9 @@ def _rounds(
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"matplotlib not installed: no plot at {path}")
+    plt = pyplot(path)
+    if plt is None:
         return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     labels = [*_STAGES.values(), "other"]
     fig, ax = plt.subplots(figsize=(7, 3.5))
