@@ -1,5 +1,5 @@
 """A kept weight check's host time, warm and cold, on the CPU (issue 32: at 1B a sampled check
-right after an eval transition costs 0.2-1.4 ms more on the H100's host than back to back).
+right after an eval transition costs more on the H100's host than back to back; docs/verify.md).
 
 A replayed check is host work around one graph launch: the launch's address guard
 (``_replay_early``), the layout's fingerprint, the verdict read (``finish``) and the call's own

@@ -95,8 +95,8 @@ def _measure(job: Any, key: str, sample: float, before: Any = None) -> dict[str,
 
     ``before`` (``VERIFY_AFTER_TRANSITION=1``): an eval transition, run untimed before each of a
     second series of later calls, timed right after the first call: where a job's checks run,
-    after other work has left the host's caches cold (on the H100 each such call cost 0.2-1.4 ms
-    more than back to back at 1B), unlike the back-to-back series after it."""
+    after other work has left the host's caches cold (docs/verify.md: what that costs at 1B),
+    unlike the back-to-back series after it."""
     from mbridge_mxfp8_plugin import verify_weights
 
     def check() -> Any:
