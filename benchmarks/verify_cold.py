@@ -35,6 +35,7 @@ from verify_te import timed_parts
 #: the stages timed inside one check, as ``(module, owner, name) -> label``; the rest is "other"
 _STAGES: dict[tuple[str, str | None, str], str] = {
     ("weights", None, "_replay_early"): "launch guard and launch",
+    ("weights", None, "unchanged"): "layout re-read",
     ("weights", None, "fingerprint"): "fingerprint",
     ("shard", "ShardCheck", "finish"): "verdict read and report",
 }

@@ -202,8 +202,13 @@ def main_shards(optimizer: Any) -> Iterator[MainShard]:
             yield MainShard(param, main, own.start, own.end, world.start, world.end, data)
 
 
-def main_params(optimizer: Any) -> Iterator[Any]:
-    """The fp32 main shards of every distributed optimizer behind ``optimizer`` (None skipped)."""
-    for opt in distributed_optimizers(optimizer):
-        for group in opt.shard_fp32_from_float16_groups:
-            yield from [m for m in group if m is not None]  # a list: read at every check, cheaper
+def main_params(optimizer: Any) -> list[Any]:
+    """The fp32 main shards of every distributed optimizer behind ``optimizer`` (None skipped).
+    A list built in one comprehension: the weight check reads it at every call."""
+    return [
+        m
+        for opt in distributed_optimizers(optimizer)
+        for group in opt.shard_fp32_from_float16_groups
+        for m in group
+        if m is not None
+    ]

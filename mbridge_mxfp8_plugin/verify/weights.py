@@ -24,7 +24,7 @@ from ..mcore.layout import (
 )
 from ..options import DEFAULT_VERIFY_SAMPLE
 from .batches import Owned
-from .fingerprint import DATA_PTR, fingerprint
+from .fingerprint import DATA_PTR, Fingerprint, fingerprint, unchanged
 from .probe import Probed
 from .read import Reader, reader_for
 from .replica import fold_sources, group_size, reduce_folds, row_sums
@@ -68,16 +68,12 @@ class _Layout:
     readers) and the probes of each batch key. Another plan (another sample or tolerance) then
     costs only its block arithmetic and batching."""
 
-    fingerprint: tuple[Any, ...]
+    fingerprint: Fingerprint
     plans: dict[tuple[Any, ...], _Plan] = field(default_factory=dict)
     owned: tuple[dict[Any, Owned], str] | None = None
     names: dict[Any, str] | None = None
     readers: dict[int, Reader | str] = field(default_factory=dict)
     probed: dict[int, Probed] = field(default_factory=dict)  # by budget: it sets the capacities
-    #: the tensors the plans read by address, held, and those addresses: the guard of a replay
-    #: launched before the fingerprint is taken (``_replay_early``)
-    addressed: list[torch.Tensor] = field(default_factory=list)
-    pointers: list[int] = field(default_factory=list)
 
 
 #: optimizer -> its layout. A changed fingerprint drops the layout and its plans: a stale plan's
@@ -158,7 +154,7 @@ def verify_weights(
         offset = next(_CALLS)
     report = WeightReport(event=event, sample=1.0 / stride, accept_unchecked=accept_unchecked)
     with _collector_paused():
-        _check(report, _model_chunks(model_chunks), optimizer, atol, max_names, stride, offset)
+        report = _check(report, _model_chunks(model_chunks), optimizer, atol, max_names, stride, offset)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -188,7 +184,7 @@ def _check(
     max_names: int,
     stride: int,
     offset: int,
-) -> None:
+) -> WeightReport:
     from megatron.core import fp8_utils
 
     # What else a plan depends on: the budget, the quantized types core recognises. Not the
@@ -196,7 +192,7 @@ def _check(
     registered = tuple(getattr(fp8_utils, a, None) for a in _REGISTRY_ATTRS)
     budget = _BUDGET_BYTES
     key = (tuple(id(c) for c in chunks), stride, atol, budget, registered)
-    layout, plan = _kept_plan(chunks, optimizer, key, report, offset)
+    layout, plan = _kept_plan(chunks, optimizer, key, report, offset, stride)
     plans = layout.plans if layout is not None else None
     if plan is not None:
         report.unchecked.extend(plan.unchecked)
@@ -206,7 +202,7 @@ def _check(
         )
         report.note = plan.note
     else:
-        plan = _make_plan(chunks, optimizer, report, atol, stride, offset, layout or _Layout(()))
+        plan = _make_plan(chunks, optimizer, report, atol, stride, offset, layout or _Layout(Fingerprint()))
     if any(g.param_gather_handle is not None for ch in chunks for g in chunk_bucket_groups(ch)):
         report.note = (report.note + "; " if report.note else "") + (
             "a param all-gather is in flight: this describes the weights before it lands"
@@ -224,17 +220,28 @@ def _check(
         plans[key] = plan
     report.params_hashed = sum(len(v[1]) for v in hashes.values())
     reduce_folds(hashes, report, max_names, plan.device)
+    return report
 
 
 def _kept_plan(
-    chunks: list[Any], optimizer: Any, key: tuple[Any, ...], report: WeightReport, offset: int
+    chunks: list[Any], optimizer: Any, key: tuple[Any, ...], report: WeightReport, offset: int, stride: int
 ) -> tuple[_Layout | None, _Plan | None]:
     """This layout's kept state, and its plan of ``key`` ready for this call (None: none kept).
-    A kept graph is launched before the fingerprint is taken (``_replay_early``) and is read only
-    if the fingerprint then finds the layout unchanged."""
-    early, known = _replay_early(optimizer, key, report, offset)
-    addressed: list[torch.Tensor] = []
-    layout = _layout_of(optimizer, fingerprint(chunks, optimizer, addressed, known), addressed)
+    A kept graph is launched before the layout is checked (``_replay_early``) and is read only
+    if the layout then holds: the same objects (:func:`unchanged`; a sampled check re-reads what
+    no framework changes on a live param in rotation, one param in ``stride`` per call), else a
+    new fingerprint equal to the kept one. The rotation is the sampled blocks' (``offset``): the
+    same on every rank, so replicas drop a plan at the same call."""
+    early, addresses = _replay_early(optimizer, key, report, offset)
+    try:
+        layout = _PLANS.get(optimizer)
+    except TypeError:  # not weakly referenceable: nothing is kept
+        layout = None
+    held = layout is not None and addresses is not False
+    part = (offset % stride, stride)
+    if not held or not unchanged(layout.fingerprint, chunks, optimizer, bool(addresses), part):  # type: ignore[union-attr]
+        known = (layout.fingerprint.addressed, layout.fingerprint.pointers) if addresses and layout else None
+        layout = _layout_of(optimizer, fingerprint(chunks, optimizer, known))
     plan = layout.plans.get(key) if layout is not None else None
     if early is not None and early is not plan:  # the layout changed: that replay is not read
         early.check.abandon()
@@ -245,20 +252,20 @@ def _kept_plan(
 
 def _replay_early(
     optimizer: Any, key: tuple[Any, ...], report: WeightReport, offset: int
-) -> tuple[_Plan | None, tuple[list[torch.Tensor], list[int]] | None]:
+) -> tuple[_Plan | None, bool | None]:
     """The kept plan of ``key``, its graph launched at this call's phase before the layout is
-    fingerprinted, so that the GPU compares while the host takes the fingerprint (most of a
-    replayed check's host time); None where there is no graph to launch. With it, the addresses
-    it just read (the fingerprint takes them as they are instead of reading every tensor again:
-    after a training step the tensors' objects are out of the CPU's caches, and each read of
-    them costs a miss).
+    checked, so that the GPU compares while the host checks (most of a replayed check's host
+    time); None where there is no graph to launch. With it, whether the addresses the plan reads
+    are those it was made with: True (they were read just now, and the layout's check need not
+    read them again: after a training step each read of a tensor is a cache miss), False (one
+    moved: nothing launched), None (not read).
 
     Launching before knowing the layout is unchanged is safe because the plan holds every tensor
-    its graph reads (its views, the layout's ``addressed``): a param or shard the job replaced is
-    still allocated, and the replay reads stale but valid memory, which the fingerprint then
-    rejects (``verify_weights`` does not read that replay). What the plan's references cannot
-    keep alive is storage freed in place (``set_``, ``.data =``, a storage resized to 0): that
-    changes an address, which is compared first, in one C loop."""
+    its graph reads (its views, the fingerprint's ``addressed``): a param or shard the job
+    replaced is still allocated, and the replay reads stale but valid memory, which the layout's
+    check then rejects (``verify_weights`` does not read that replay). What the plan's references
+    cannot keep alive is storage freed in place (``set_``, ``.data =``, a storage resized to 0):
+    that changes an address, which is compared first, in one C loop."""
     try:
         layout = _PLANS.get(optimizer)
     except TypeError:
@@ -266,26 +273,30 @@ def _replay_early(
     plan = layout.plans.get(key) if layout is not None else None
     if plan is None or not plan.check.replayable():
         return None, None
+    taken = layout.fingerprint  # type: ignore[union-attr]
     try:
-        pointers = list(map(DATA_PTR, layout.addressed))  # type: ignore[union-attr]
+        if list(map(DATA_PTR, taken.addressed)) != taken.pointers:
+            return None, False
     except (RuntimeError, NotImplementedError, TypeError):
-        return None, None
-    if pointers != layout.pointers:  # type: ignore[union-attr]
         return None, None
     plan.check.restart(report, offset)
     plan.check.launch()
-    return plan, (layout.addressed, pointers)  # type: ignore[union-attr]
+    return plan, True
 
 
-def _layout_of(optimizer: Any, taken: tuple[Any, ...], addressed: list[torch.Tensor]) -> _Layout | None:
-    """What is kept for this layout (its fingerprint ``taken``), or None where nothing can be kept."""
+def _layout_of(optimizer: Any, taken: Fingerprint) -> _Layout | None:
+    """What is kept for this layout (its fingerprint ``taken``), or None where nothing can be
+    kept. An equal fingerprint keeps the layout and its plans, and becomes the one kept: its
+    objects are those the next call's :func:`unchanged` compares (a value-equal attribute in a
+    new object would otherwise send every call to a new fingerprint)."""
     if not taken:
         return None
     try:
         layout = _PLANS.get(optimizer)
         if layout is None or layout.fingerprint != taken:
-            pointers = list(map(DATA_PTR, addressed))
-            layout = _PLANS[optimizer] = _Layout(taken, addressed=addressed, pointers=pointers)
+            layout = _PLANS[optimizer] = _Layout(taken)
+        else:
+            layout.fingerprint = taken
     except TypeError:  # not weakly referenceable: nothing is kept
         return None
     return layout

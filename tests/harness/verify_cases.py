@@ -31,7 +31,7 @@ import torch
 
 from mbridge_mxfp8_plugin.testing import launch
 
-from .verify_codes import case_codes, case_peer
+from .verify_codes import case_codes, case_peer, case_rotation
 from .verify_loop import (
     ITERS,
     ErrorLines,
@@ -365,10 +365,11 @@ class _StandInGraph:
 
 
 def _case_early_replay() -> dict[str, Any]:
-    """A kept plan's graph is launched before the layout's fingerprint is taken (the two
-    overlap) and is read only where the fingerprint finds the layout unchanged; a tensor freed or
-    moved in place is caught by its address before any launch. Graphs stand in on CPU
-    (:class:`_StandInGraph`); per call, the order of the replays and the fingerprint is logged."""
+    """A kept plan's graph is launched before the layout is checked (the two overlap) and is read
+    only where the layout holds (the same objects, else an equal new fingerprint); a tensor freed
+    or moved in place is caught by its address before any launch. Graphs stand in on CPU
+    (:class:`_StandInGraph`); per call, the order of the replays, the identity checks and the
+    fingerprints is logged."""
     from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
     from mbridge_mxfp8_plugin.verify import graphs, weights
@@ -377,7 +378,13 @@ def _case_early_replay() -> dict[str, Any]:
     train(job, ITERS)
     ensure_weights_current(job.model, job.optimizer)
     log: list[str] = []
-    saved = (graphs.on_cuda, graphs.capture, weights.fingerprint, torch.cuda.is_current_stream_capturing)
+    saved = (
+        graphs.on_cuda,
+        graphs.capture,
+        weights.fingerprint,
+        torch.cuda.is_current_stream_capturing,
+        weights.unchanged,
+    )
 
     def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
         out = record()
@@ -390,7 +397,13 @@ def _case_early_replay() -> dict[str, Any]:
         collector.append(gc.isenabled())
         return saved[2](*args)
 
+    def unchanged(*args: Any) -> Any:
+        log.append("unchanged")
+        collector.append(gc.isenabled())
+        return saved[4](*args)
+
     graphs.on_cuda, graphs.capture, weights.fingerprint = (lambda t: True), capture, fingerprint
+    weights.unchanged = unchanged
     torch.cuda.is_current_stream_capturing = lambda: False
     weights._PLANS.clear()
     rec: dict[str, Any] = {}
@@ -431,7 +444,7 @@ def _case_early_replay() -> dict[str, Any]:
         check("moved")
     finally:
         graphs.on_cuda, graphs.capture, weights.fingerprint = saved[:3]
-        torch.cuda.is_current_stream_capturing = saved[3]
+        torch.cuda.is_current_stream_capturing, weights.unchanged = saved[3:]
         weights._PLANS.clear()
     rec["param"] = next(n for n, p in job.model[0].named_parameters() if p is param)
     rec["collector"] = (collector, gc.isenabled())  # during each check, after the last
@@ -519,6 +532,7 @@ def verify_rank() -> dict[str, Any]:
         out["early"] = _case_early_replay()
         out["codes"] = case_codes()  # the kit's TE-shaped type in every pass (harness.verify_codes)
         out["peer"] = case_peer()
+        out["rotation"] = case_rotation()
         for mode in ("disabled", "b1_off", "b2_off", "on", "stale_ckpt"):
             out[f"opt:{mode}"] = _case_option(mode)
     for value in out.values():

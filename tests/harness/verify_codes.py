@@ -19,7 +19,7 @@ import torch
 
 from .verify_loop import ITERS, train
 
-__all__ = ["case_codes", "case_peer"]
+__all__ = ["case_codes", "case_peer", "case_rotation"]
 
 #: Weights (128, 256), (128, 128), (32, 128): rows of 256 and 128 elements.
 DIMS = (256, 128, 128, 32)
@@ -108,6 +108,92 @@ def case_codes() -> dict[str, Any]:
         else:
             os.environ["MXFP8_PARAM_KIND"] = saved
     return rec
+
+
+def _te_job() -> Any:
+    """A TE-shaped job (rows of 256 and 128 elements) after a few steps, its weights current."""
+    from mbridge_mxfp8_plugin import ensure_weights_current
+    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
+
+    job = build_job(ToyConfig(dims=DIMS))
+    train(job, ITERS)
+    ensure_weights_current(job.model, job.optimizer)
+    return job
+
+
+def _blind_offsets(job: Any) -> list[int]:
+    """The sampled calls (offsets 0..stride-1) whose partial re-read of the layout still finds the
+    kept one: those the rotation leaves blind to what changed since it was kept."""
+    from mbridge_mxfp8_plugin.options import DEFAULT_VERIFY_SAMPLE
+    from mbridge_mxfp8_plugin.verify import weights
+    from mbridge_mxfp8_plugin.verify.fingerprint import unchanged
+
+    stride = round(1 / DEFAULT_VERIFY_SAMPLE)
+    kept = weights._PLANS[job.optimizer].fingerprint
+    chunks = weights._model_chunks(job.model)
+    return [o for o in range(stride) if unchanged(kept, chunks, job.optimizer, part=(o, stride))]
+
+
+def case_rotation() -> dict[str, Any]:
+    """A sampled check re-reads at every call what its plan reads and how it reads it, and only
+    the rest in rotation (verify/fingerprint.py ``unchanged``). On the kit's TE-shaped type, every
+    rank alike, at a weight rank 0 owns whole rows of:
+
+    * ``rebound``: its codes re-bound to a copy whose every bit is then flipped (the model computes
+      with the copy). No sampled call is blind to it; the next one says WRONG (a plan still reading
+      the old codes would say OK).
+    * ``swizzled``: marked as holding GEMM-swizzled scales (the mark it had, set), its scale bytes
+      changed in place: a layout the check does not read. No sampled call is blind to it; the next
+      one says NOT CHECKED where the weight is owned (a plan still reading the bytes as plain
+      scales would say WRONG).
+    Each is undone after, and the check is OK again."""
+    from mbridge_mxfp8_plugin import verify_weights
+    from mbridge_mxfp8_plugin.testing.te_mxfp8 import te_shaped_mxfp8
+
+    saved = os.environ.get("MXFP8_PARAM_KIND")
+    os.environ["MXFP8_PARAM_KIND"] = "te"
+    rec: dict[str, Any] = {}
+    try:
+        with te_shaped_mxfp8():
+            job = _te_job()
+            rec["warm"] = verify_weights(job.model, job.optimizer, event="rotation warm", offset=0)
+            mine = _whole_row_slices(job)
+            names: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(names, mine[0][0] if mine else None)
+            rec["name"] = name = names[0]  # rank 0's: every rank changes the same weight
+            param = dict(job.model[0].named_parameters())[name]
+            rec["owner"] = _owns(job, param)
+            codes = param._rowwise_data
+            with torch.no_grad():
+                param._rowwise_data = codes.clone().bitwise_xor_(0x01)
+            rec["rebound_blind"] = _blind_offsets(job)
+            rec["rebound"] = verify_weights(job.model, job.optimizer, event="rebound", offset=1)
+            param._rowwise_data = codes
+            rec["rebound_back"] = verify_weights(job.model, job.optimizer, event="rebound back", offset=2)
+            scales = param._rowwise_scale_inv
+            param._with_gemm_swizzled_scales = True
+            with torch.no_grad():
+                scales.add_(1)
+            rec["swizzled_blind"] = _blind_offsets(job)
+            rec["swizzled"] = verify_weights(job.model, job.optimizer, event="swizzled", offset=3)
+            param._with_gemm_swizzled_scales = False
+            with torch.no_grad():
+                scales.sub_(1)
+            rec["swizzled_back"] = verify_weights(job.model, job.optimizer, event="swizzled back", offset=4)
+    finally:
+        if saved is None:
+            os.environ.pop("MXFP8_PARAM_KIND", None)
+        else:
+            os.environ["MXFP8_PARAM_KIND"] = saved
+    return rec
+
+
+def _owns(job: Any, param: Any) -> bool:
+    """Whether this rank owns a shard of ``param`` (its shard check compares it)."""
+    from mbridge_mxfp8_plugin.verify.weights import _owned_shards
+
+    owned, _ = _owned_shards(job.optimizer)
+    return param in owned and owned[param].end > owned[param].start
 
 
 def case_peer() -> dict[str, Any]:

@@ -139,20 +139,22 @@ def test_plans_reused_and_read_current_bits(runs: list[dict[str, Any]]) -> None:
         assert not rec["moved_changed"].ok, rec["moved_changed"].message()
 
 
-def test_a_kept_graph_is_launched_before_the_fingerprint_and_read_only_if_the_layout_holds(
+def test_a_kept_graph_is_launched_before_the_layout_is_checked_and_read_only_if_it_holds(
     runs: list[dict[str, Any]],
 ) -> None:
-    """The replay overlaps the fingerprint (issue 32: a sample's fixed host cost). A main shard
-    replaced by a changed copy: the launched replay read the old, still allocated shard and said
-    ok; it is not what the report says. A shard whose storage moved in place: no launch before
-    the fingerprint (its address changed), and the new storage is read. Python's cyclic collector
-    is off during each check and on after it, and a replayed check leaves it nothing to collect."""
+    """The replay overlaps the layout's check (issue 32: a sample's fixed host cost), which is an
+    identity check of the objects the plan was made from; a new fingerprint is taken only where
+    one differs. A main shard replaced by a changed copy: the launched replay read the old, still
+    allocated shard and said ok; the identity check fails, the fingerprint differs, and the
+    report is the new plan's. A shard whose storage moved in place: no launch and no identity
+    check (its address changed), and the new storage is read. Python's cyclic collector is off
+    during each check and on after it, and a replayed check leaves it nothing to collect."""
     for run in runs:
         rec = run["early"]
         assert rec["first"].ok and rec["first_log"] == ["fingerprint", "replay"], rec["first_log"]
-        assert rec["second"].ok and rec["second_log"] == ["replay", "fingerprint"], rec["second_log"]
+        assert rec["second"].ok and rec["second_log"] == ["replay", "unchanged"], rec["second_log"]
         replaced = rec["replaced"]
-        assert rec["replaced_log"] == ["replay", "fingerprint", "replay"], rec["replaced_log"]
+        assert rec["replaced_log"] == ["replay", "unchanged", "fingerprint", "replay"], rec["replaced_log"]
         assert not replaced.ok and [m.name for m in replaced.shard_mismatches] == [rec["param"]], (
             replaced.message()
         )
@@ -160,11 +162,11 @@ def test_a_kept_graph_is_launched_before_the_fingerprint_and_read_only_if_the_la
         assert not rec["moved"].ok, rec["moved"].message()
         # Python's cyclic collector is paused for a check (its passes walk the job's heap), and
         # back on after it
-        assert rec["collector"] == ([False] * 5, True), rec["collector"]
+        assert rec["collector"] == ([False] * 6, True), rec["collector"]
         # A replayed check leaves nothing for that collector (a reference cycle made at every
         # call tips its count, and its pass then lands in a later check: 9 objects a call before
         # the model's chunks were found without a recursive closure)
-        assert rec["steady"].ok and rec["steady_log"] == ["replay", "fingerprint"], rec["steady_log"]
+        assert rec["steady"].ok and rec["steady_log"] == ["replay", "unchanged"], rec["steady_log"]
         assert rec["left_for_the_collector"] == 0, rec["left_for_the_collector"]
 
 
@@ -251,3 +253,30 @@ def test_the_fused_kernel_judges_te_shaped_params_in_every_pass(runs: list[dict[
             assert rep.ok and rep.mxfp8_checked > 0 and not rep.unchecked, rep.message()
             paths = [p for p in rep.reference_paths if p.startswith("TEShapedMXFP8Tensor via ")]
             assert paths and all(("fused" in p) == expected for p in paths), rep.reference_paths
+
+
+def test_a_sampled_check_rereads_what_its_plan_reads_at_every_call(runs: list[dict[str, Any]]) -> None:
+    """What a replayed sampled check re-reads at every call and what only in rotation (issue 32:
+    the layout's re-read was most of a 1B sampled check's time). A weight's codes re-bound to a
+    flipped copy, and its scale-layout mark set with its scale bytes changed in place: no call of
+    the rotation is blind to either, and the next call reports each as the new layout reads it
+    (WRONG; NOT CHECKED where owned, never WRONG). Undone, both are OK again. (harness.verify_codes)"""
+    for r in runs:
+        case = r["rotation"]
+        name = case["name"]
+        assert case["warm"].ok, case["warm"].message()
+        assert case["rebound_blind"] == [], case["rebound_blind"]
+        rebound = case["rebound"]
+        assert rebound.verdict == "wrong", rebound.message()
+        if case["owner"]:
+            assert name in [m.name for m in rebound.shard_mismatches], rebound.message()
+        assert case["swizzled_blind"] == [], case["swizzled_blind"]
+        swizzled = case["swizzled"]
+        assert swizzled.verdict == ("not checked" if case["owner"] else "ok"), swizzled.message()
+        if case["owner"]:
+            assert swizzled.unchecked_types == ["TEShapedMXFP8Tensor"], swizzled.message()
+            assert any(u.startswith(f"{name}: ") and "swizzled" in u for u in swizzled.unchecked), (
+                swizzled.unchecked
+            )
+        for back in ("rebound_back", "swizzled_back"):
+            assert case[back].ok and not case[back].unchecked, case[back].message()

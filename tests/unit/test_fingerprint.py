@@ -1,6 +1,7 @@
-"""verify/fingerprint.py, taken at every check: a kept plan is reused only while every tensor it
-reads is the same object at the same address. Rewritten flat for speed (issue 32:
-it was most of a replayed check's host time), so each way a plan can go stale is pinned here."""
+"""verify/fingerprint.py, asked at every check: a kept plan is reused only while every tensor it
+reads is the same object at the same address. Written for speed (issue 32: it was most of a
+replayed check's host time), so each way a plan can go stale is pinned here, for both judges: a
+new fingerprint differs, and ``unchanged`` (the identity check a replayed call makes) says no."""
 
 from __future__ import annotations
 
@@ -26,17 +27,30 @@ def layout(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     return state
 
 
-def _fp() -> tuple[Any, ...]:
+def _fp() -> fingerprint.Fingerprint:
     return fingerprint.fingerprint([], None)
 
 
+def _holds(kept: fingerprint.Fingerprint) -> bool:
+    return fingerprint.unchanged(kept, [], None)
+
+
 def test_unchanged_tensors_give_the_same_fingerprint(layout: dict[str, Any]) -> None:
-    assert _fp() and _fp() == _fp()
+    kept = _fp()
+    assert kept and _fp() == kept and _holds(kept)
 
 
 @pytest.mark.parametrize(
     "change",
-    ["rebind codes", "move plain data", "swap main", "move main", "new param", "quantizer"],
+    [
+        "rebind codes",
+        "move plain data",
+        "shrink plain data",
+        "swap main",
+        "move main",
+        "new param",
+        "quantizer",
+    ],
 )
 def test_each_way_a_plan_goes_stale_changes_it(layout: dict[str, Any], change: str) -> None:
     before = _fp()
@@ -45,6 +59,8 @@ def test_each_way_a_plan_goes_stale_changes_it(layout: dict[str, Any], change: s
         quantized._rowwise_data = quantized._rowwise_data.clone()
     elif change == "move plain data":
         plain.data = plain.data.clone()
+    elif change == "shrink plain data":  # the same first element: only the shape tells
+        plain.data = plain.data[:32]
     elif change == "swap main":
         layout["mains"][1] = layout["mains"][1].clone()
     elif change == "move main":
@@ -54,13 +70,25 @@ def test_each_way_a_plan_goes_stale_changes_it(layout: dict[str, Any], change: s
     else:
         quantized._quantizer = object()
     assert _fp() != before
+    assert not _holds(before)
+
+
+def test_an_equal_value_in_a_new_object_sends_the_check_to_a_new_fingerprint(layout: dict[str, Any]) -> None:
+    """``unchanged`` compares identities only: a layout attribute set again to an equal value in
+    another object is not vouched for by it, and the new fingerprint (by value) then finds the
+    layout the same, so the plan is kept (``weights._layout_of`` keeps the new one)."""
+    quantized = layout["params"][0]
+    quantized._fp8_dtype = "float8_e4m3fn"
+    before = _fp()
+    quantized._fp8_dtype = "".join(["float8_", "e4m3fn"])  # equal, another object
+    assert quantized._fp8_dtype is not before.dict_values[fingerprint._NAMES.index("_fp8_dtype")][0]
+    assert not _holds(before) and _fp() == before
 
 
 def test_the_tensors_it_addressed_are_those_a_plan_reads_by_address(layout: dict[str, Any]) -> None:
     """What a kept graph's launch is guarded by (``weights._replay_early`` compares their
     addresses): the codes and scales a quantized param holds, a plain param, every main shard."""
-    addressed: list[Any] = []
-    fingerprint.fingerprint([], None, addressed)
+    addressed = _fp().addressed
     quantized, plain = layout["params"]
     want = {id(t) for t in (quantized._rowwise_data, quantized._rowwise_scale_inv, plain, *layout["mains"])}
     got = {id(t) for t in addressed}
@@ -73,19 +101,21 @@ def test_addresses_read_just_before_stand_only_for_those_very_tensors(layout: di
     fingerprint need not read every tensor again; they stand in only for the same objects. After
     a main shard is swapped for another, the fingerprint is the one taken afresh (else the next
     check's would differ from it, and no plan would be kept)."""
-    addressed: list[Any] = []
-    first = fingerprint.fingerprint([], None, addressed)
+    first = _fp()
+    addressed = first.addressed
     pointers = [t.data_ptr() for t in addressed]
     assert fingerprint.fingerprint([], None, known=(addressed, pointers)) == first
+    assert fingerprint.unchanged(first, [], None, addresses_read=True)
     layout["mains"][0] = layout["mains"][0].clone()
     assert fingerprint.fingerprint([], None, known=(addressed, pointers)) == _fp() != first
+    assert not fingerprint.unchanged(first, [], None, addresses_read=True)
 
 
 def test_a_plain_param_with_one_of_the_attributes_is_read_as_the_others(layout: dict[str, Any]) -> None:
     """A plain param is read as the quantized ones are: an attribute set on one is seen."""
     before = _fp()
     layout["params"][1]._scale_inv = torch.ones(1)
-    assert _fp() != before
+    assert _fp() != before and not _holds(before)
 
 
 class _Declared(torch.Tensor):
@@ -129,6 +159,7 @@ def test_attributes_a_class_declares_are_read_through_it(layout: dict[str, Any],
     else:  # a name neither the instance nor the class has, then set on the instance
         param._scale_inv = torch.ones(1)  # type: ignore[attr-defined]
     assert _fp() != before, kind
+    assert not _holds(before), kind
 
 
 def test_a_param_without_storage_is_addressed_by_object(layout: dict[str, Any]) -> None:
@@ -136,6 +167,57 @@ def test_a_param_without_storage_is_addressed_by_object(layout: dict[str, Any]) 
     the same while nothing changes, and changes when the param object is replaced."""
     layout["params"].append(StoragelessTensor((4, 64)))
     first = _fp()
-    assert first and _fp() == first
+    assert first and _fp() == first and _holds(first)
     layout["params"][-1] = StoragelessTensor((4, 64))
-    assert _fp() != first
+    assert _fp() != first and not _holds(first)
+
+
+def test_a_partial_reread_sees_what_a_plan_reads_at_every_phase_and_the_rest_at_its_own(
+    layout: dict[str, Any],
+) -> None:
+    """``unchanged`` with ``part=(phase, stride)`` (a sampled check's call): what the plan reads
+    and how it reads it (the params and main shards there are, every address, every attribute a
+    param had) is re-read at every phase; what no framework changes on a live param (its class,
+    its shape, an attribute it did not have) only at the phase of its own index, ``index %
+    stride``. Without ``part``, everything."""
+    stride = 2
+
+    def seen_at(kept: fingerprint.Fingerprint) -> list[int]:
+        return [
+            phase
+            for phase in range(stride)
+            if not fingerprint.unchanged(kept, [], None, part=(phase, stride))
+        ]
+
+    quantized, plain = layout["params"]
+    kept = _fp()
+    assert seen_at(kept) == [] and fingerprint.unchanged(kept, [], None)
+    every = {
+        "codes re-bound": lambda: setattr(quantized, "_rowwise_data", quantized._rowwise_data.clone()),
+        "quantizer": lambda: setattr(quantized, "_quantizer", object()),
+        "scale-layout mark": lambda: setattr(quantized, "_with_gemm_swizzled_scales", True),
+        "main moved": lambda: layout["mains"][1].set_(torch.randn(64)),
+        "main swapped": lambda: layout["mains"].__setitem__(0, layout["mains"][0].clone()),
+        "param swapped": lambda: layout["params"].__setitem__(1, torch.nn.Parameter(plain.data)),
+    }
+    for what, change in every.items():
+        kept = _fp()
+        change()
+        assert seen_at(kept) == [0, 1], what
+        layout["params"][:], layout["mains"][:] = [quantized, plain], list(layout["mains"])
+    quantized, plain = layout["params"]
+    rotated = {  # (index of the param it changes, the change)
+        "attribute it did not have": (
+            1,
+            lambda: setattr(plain, "_rowwise_data", torch.zeros(64, dtype=torch.uint8)),
+        ),
+        "shape in place": (1, lambda: setattr(plain, "data", plain.data[:32])),
+        "class": (0, lambda: setattr(quantized, "_fp8_dtype", quantized._fp8_dtype)),
+    }
+    for what, (index, change) in rotated.items():
+        kept = _fp()
+        change()
+        if what == "class":  # same attributes, another class: the param's type alone changed
+            quantized.__class__ = type("Renamed", (type(quantized),), {})
+        assert seen_at(kept) == [index % stride], what
+        assert not fingerprint.unchanged(kept, [], None), what
