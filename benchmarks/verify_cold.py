@@ -132,11 +132,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     if plt is None:
         return
 
-    labels = [*_STAGES.values(), "other"]
+    seen = {label for parts in result["median_us"].values() for label in parts}
+    labels = [label for label in [*_STAGES.values(), "other"] if label in seen]  # a stage never entered: none
     fig, ax = plt.subplots(figsize=(7, 3.5))
     bottom = [0.0] * len(_CONDITIONS)
     for label in labels:
-        values = [result["median_us"][c][label] for c in _CONDITIONS]
+        values = [result["median_us"][c].get(label, 0.0) for c in _CONDITIONS]
         ax.bar(_CONDITIONS, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("host time per check (us, medians)")
