@@ -24,7 +24,7 @@ import torch
 
 from ..mcore.layout import bucket_params, buffers, main_params
 
-__all__ = ["DATA_PTR", "Fingerprint", "fingerprint", "params_of", "unchanged"]
+__all__ = ["DATA_PTR", "STORAGE_PTR", "Fingerprint", "fingerprint", "params_of", "unchanged"]
 
 
 def params_of(chunks: list[Any]) -> list[Any]:
@@ -51,6 +51,8 @@ class Fingerprint:
         "parts",
         "pointers",
         "shapes",
+        "storage_pointers",
+        "storages",
     )
 
     def __init__(self) -> None:
@@ -69,9 +71,12 @@ class Fingerprint:
         #: and those asked through getattr
         self.present: tuple[list[_Group], list[_Group]] = ([], [])
         self.mains: list[Any] = []
-        #: the tensors a plan reads by address, and those addresses: a kept graph's launch guard
+        #: the tensors a plan reads by address, and those addresses
         self.addressed: list[Any] = []
         self.pointers: list[int] = []
+        #: their storages, one each, and those addresses: a kept graph's launch guard
+        self.storages: list[Any] = []
+        self.storage_pointers: list[int] = []
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Fingerprint) and self.parts == other.parts
@@ -83,17 +88,15 @@ class Fingerprint:
         return bool(self.parts)
 
 
-def fingerprint(
-    chunks: list[Any], optimizer: Any, known: tuple[list[Any], list[int]] | None = None
-) -> Fingerprint:
+def fingerprint(chunks: list[Any], optimizer: Any) -> Fingerprint:
     """Which tensors, at which addresses, a plan reads: every buffer param (the codes, scales or
     per-tensor FP8 bytes it holds) and every main shard. A plan is reused only while this is
     unchanged, so its views never read memory the params or the optimizer have moved away from.
 
     The tensors are listed first, then addressed in C loops (``map``): the objects, and their
     first elements' pointers (``data_ptr`` includes the storage offset, so a moved view or a
-    swapped storage changes it). ``known`` (tensors, their pointers read just before) stands for
-    reading them again where the tensors are those very objects."""
+    swapped storage changes it), then their storages' (one per storage: a kept graph's launch
+    guard, ``weights._replay_early``)."""
     taken = Fingerprint()
     try:
         # One subclass-dispatch guard for the whole walk: entered per tensor it cost more than
@@ -122,7 +125,8 @@ def fingerprint(
                 for held in values[: len(_HELD_ATTRS)]:
                     tensors.extend(held)
             tensors.extend(taken.mains)
-            taken.pointers = _pointers(tensors, taken.addressed, known)
+            taken.pointers = _pointers(tensors, taken.addressed)
+            taken.storages, taken.storage_pointers = _storages(taken.addressed)
             parts: list[Any] = [*kinds, *taken.shapes]
             for values in (taken.dict_values, taken.asked_values):
                 for layout in values[len(_HELD_ATTRS) :]:
@@ -139,11 +143,10 @@ def unchanged(
     kept: Fingerprint,
     chunks: list[Any],
     optimizer: Any,
-    addresses_read: bool = False,
     part: tuple[int, int] = (0, 1),
 ) -> bool:
-    """Whether the layout is still ``kept``'s, object for object, with every address the same
-    (``addresses_read``: the caller compared them just now). True only where a new fingerprint
+    """Whether the layout is still ``kept``'s, object for object, with every address the same.
+    True only where a new fingerprint
     would equal ``kept``, as far as it looked; False where anything differs, even an equal value
     in a new object (the caller then takes a new one, which decides).
 
@@ -168,7 +171,7 @@ def unchanged(
             mains = main_params(optimizer)
             if len(mains) != len(kept.mains) or not all(map(is_, mains, kept.mains)):
                 return False
-            if not addresses_read and list(map(DATA_PTR, kept.addressed)) != kept.pointers:
+            if list(map(DATA_PTR, kept.addressed)) != kept.pointers:
                 return False
             if stride > 1:
                 by_dict, asked = kept.present
@@ -220,21 +223,14 @@ def _present(owners: list[Any], values: list[list[Any]]) -> list[_Group]:
     return list(groups.values())
 
 
-def _pointers(
-    tensors: list[Any], addressed: list[Any] | None = None, known: tuple[list[Any], list[int]] | None = None
-) -> list[int]:
+def _pointers(tensors: list[Any], addressed: list[Any]) -> list[int]:
     """``data_ptr`` of every tensor with storage, in order (None, and types seen without
     storage, are left out; their objects are in the fingerprint already); those tensors are
-    appended to ``addressed``. Where they are ``known``'s tensors, object for object (compared
-    by identity: no tensor is read), ``known``'s pointers are theirs."""
+    appended to ``addressed``."""
     no_storage = _NO_STORAGE
     kept = list(filter(_NOT_NONE, tensors))
     if no_storage:
         kept = [t for t in kept if type(t) not in no_storage]
-    if known is not None and len(kept) == len(known[0]) and all(map(is_, kept, known[0])):
-        if addressed is not None:
-            addressed.extend(kept)
-        return list(known[1])
     try:
         out = list(map(DATA_PTR, kept))
     except (RuntimeError, NotImplementedError, TypeError):  # a storage-less wrapper, a non-tensor
@@ -247,9 +243,22 @@ def _pointers(
                 if isinstance(tensor, torch.Tensor) and type(tensor) not in _PLAIN:
                     no_storage.add(type(tensor))
         kept = fine
-    if addressed is not None:
-        addressed.extend(kept)
+    addressed.extend(kept)
     return out
+
+
+def _storages(tensors: list[Any]) -> tuple[list[Any], list[int]]:
+    """The storages of ``tensors``, one each, and their addresses. A wrapper's nominal storage,
+    which has no address (its tensor's is its own, or none), is left out: the tensor's own
+    address is compared, in :func:`unchanged`."""
+    storages, pointers = [], []
+    for storage in {s._cdata: s for s in map(_STORAGE, tensors)}.values():
+        try:
+            pointers.append(STORAGE_PTR(storage))
+        except (RuntimeError, NotImplementedError):
+            continue
+        storages.append(storage)
+    return storages, pointers
 
 
 _LAYOUT_ATTRS = ("_fp8_dtype", "_with_gemm_swizzled_scales", "_quantizer")
@@ -263,6 +272,8 @@ _NAMES = _HELD_ATTRS + _LAYOUT_ATTRS
 _PLAIN = (torch.nn.Parameter, torch.Tensor)
 _ATTRS = frozenset(_HELD_ATTRS + _LAYOUT_ATTRS)
 DATA_PTR = torch.Tensor.data_ptr
+STORAGE_PTR = torch.UntypedStorage.data_ptr
+_STORAGE = torch.Tensor.untyped_storage
 _SHAPE = attrgetter("shape")
 _GETATTR = getattr
 _NONES = repeat(None)

@@ -24,7 +24,7 @@ from ..mcore.layout import (
 )
 from ..options import DEFAULT_VERIFY_SAMPLE
 from .batches import Owned
-from .fingerprint import DATA_PTR, Fingerprint, fingerprint, unchanged
+from .fingerprint import STORAGE_PTR, Fingerprint, fingerprint, unchanged
 from .probe import Probed
 from .read import Reader, reader_for
 from .replica import fold_sources, group_size, reduce_folds, row_sums
@@ -74,6 +74,9 @@ class _Layout:
     names: dict[Any, str] | None = None
     readers: dict[int, Reader | str] = field(default_factory=dict)
     probed: dict[int, Probed] = field(default_factory=dict)  # by budget: it sets the capacities
+    #: (stride, atol) -> the key of the plan the last such call used: the plan a later call
+    #: launches before it has found the model's chunks (``_replay_early``)
+    last: dict[tuple[int, float], tuple[Any, ...]] = field(default_factory=dict)
 
 
 #: optimizer -> its layout. A changed fingerprint drops the layout and its plans: a stale plan's
@@ -154,7 +157,7 @@ def verify_weights(
         offset = next(_CALLS)
     report = WeightReport(event=event, sample=1.0 / stride, accept_unchecked=accept_unchecked)
     with _collector_paused():
-        report = _check(report, _model_chunks(model_chunks), optimizer, atol, max_names, stride, offset)
+        report = _check(report, model_chunks, optimizer, atol, max_names, stride, offset)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -178,7 +181,7 @@ def _collector_paused() -> Iterator[None]:
 
 def _check(
     report: WeightReport,
-    chunks: list[Any],
+    held: Sequence[Any] | Any,
     optimizer: Any,
     atol: float,
     max_names: int,
@@ -187,12 +190,16 @@ def _check(
 ) -> WeightReport:
     from megatron.core import fp8_utils
 
+    # The last plan of this sample and tolerance is launched first, so that everything else
+    # the host does (finding the chunks, the plan's key, re-reading the layout) overlaps it.
+    early, moved = _replay_early(optimizer, (stride, atol), report, offset)
+    chunks = _model_chunks(held)
     # What else a plan depends on: the budget, the quantized types core recognises. Not the
     # sampled phase: that is data the plan is run with (``ShardCheck.restart``).
     registered = tuple(getattr(fp8_utils, a, None) for a in _REGISTRY_ATTRS)
     budget = _BUDGET_BYTES
     key = (tuple(id(c) for c in chunks), stride, atol, budget, registered)
-    layout, plan = _kept_plan(chunks, optimizer, key, report, offset, stride)
+    layout, plan = _kept_plan(chunks, optimizer, key, report, offset, stride, early, moved)
     plans = layout.plans if layout is not None else None
     if plan is not None:
         report.unchecked.extend(plan.unchecked)
@@ -218,32 +225,38 @@ def _check(
         if len(plans) >= _MAX_PLANS and key not in plans:
             plans.clear()
         plans[key] = plan
+        layout.last[(stride, atol)] = key  # type: ignore[union-attr]
     report.params_hashed = sum(len(v[1]) for v in hashes.values())
     reduce_folds(hashes, report, max_names, plan.device)
     return report
 
 
 def _kept_plan(
-    chunks: list[Any], optimizer: Any, key: tuple[Any, ...], report: WeightReport, offset: int, stride: int
+    chunks: list[Any],
+    optimizer: Any,
+    key: tuple[Any, ...],
+    report: WeightReport,
+    offset: int,
+    stride: int,
+    early: _Plan | None,
+    moved: bool,
 ) -> tuple[_Layout | None, _Plan | None]:
     """This layout's kept state, and its plan of ``key`` ready for this call (None: none kept).
-    A kept graph is launched before the layout is checked (``_replay_early``) and is read only
-    if the layout then holds: the same objects (:func:`unchanged`; a sampled check re-reads what
-    no framework changes on a live param in rotation, one param in ``stride`` per call), else a
-    new fingerprint equal to the kept one. The rotation is the sampled blocks' (``offset``): the
-    same on every rank, so replicas drop a plan at the same call."""
-    early, addresses = _replay_early(optimizer, key, report, offset)
+    ``early``, launched already (``_replay_early``), is read only if it is that plan and the
+    layout holds: the same objects at the same addresses (:func:`unchanged`; a sampled check
+    re-reads what no framework changes on a live param in rotation, one param in ``stride`` per
+    call), else a new fingerprint equal to the kept one. The rotation is the sampled blocks'
+    (``offset``): the same on every rank, so replicas drop a plan at the same call. ``moved``: a
+    storage the plan reads was moved or freed (nothing was launched)."""
     try:
         layout = _PLANS.get(optimizer)
     except TypeError:  # not weakly referenceable: nothing is kept
         layout = None
-    held = layout is not None and addresses is not False
     part = (offset % stride, stride)
-    if not held or not unchanged(layout.fingerprint, chunks, optimizer, bool(addresses), part):  # type: ignore[union-attr]
-        known = (layout.fingerprint.addressed, layout.fingerprint.pointers) if addresses and layout else None
-        layout = _layout_of(optimizer, fingerprint(chunks, optimizer, known))
+    if layout is None or moved or not unchanged(layout.fingerprint, chunks, optimizer, part):
+        layout = _layout_of(optimizer, fingerprint(chunks, optimizer))
     plan = layout.plans.get(key) if layout is not None else None
-    if early is not None and early is not plan:  # the layout changed: that replay is not read
+    if early is not None and early is not plan:  # the layout or the key changed: not read
         early.check.abandon()
     if plan is not None and plan is not early:
         plan.check.restart(report, offset)
@@ -251,37 +264,37 @@ def _kept_plan(
 
 
 def _replay_early(
-    optimizer: Any, key: tuple[Any, ...], report: WeightReport, offset: int
-) -> tuple[_Plan | None, bool | None]:
-    """The kept plan of ``key``, its graph launched at this call's phase before the layout is
-    checked, so that the GPU compares while the host checks (most of a replayed check's host
-    time); None where there is no graph to launch. With it, whether the addresses the plan reads
-    are those it was made with: True (they were read just now, and the layout's check need not
-    read them again: after a training step each read of a tensor is a cache miss), False (one
-    moved: nothing launched), None (not read).
+    optimizer: Any, which: tuple[int, float], report: WeightReport, offset: int
+) -> tuple[_Plan | None, bool]:
+    """The plan the last call of this sample and tolerance (``which``) used, its graph launched
+    at this call's phase before anything else, so that the GPU compares while the host finds
+    the chunks and re-reads the layout (most of a replayed check's host time); None where there
+    is no graph to launch. With it, whether a storage the plan reads was moved or freed.
 
-    Launching before knowing the layout is unchanged is safe because the plan holds every tensor
-    its graph reads (its views, the fingerprint's ``addressed``): a param or shard the job
-    replaced is still allocated, and the replay reads stale but valid memory, which the layout's
-    check then rejects (``verify_weights`` does not read that replay). What the plan's references
-    cannot keep alive is storage freed in place (``set_``, ``.data =``, a storage resized to 0):
-    that changes an address, which is compared first, in one C loop."""
+    Launching before knowing the layout is unchanged is safe because the plan holds every
+    tensor its graph reads (its views; the fingerprint's ``addressed``) and so their storages: a
+    tensor the job replaced or re-pointed (``.data =``, ``set_``) leaves its storage allocated,
+    and the replay reads stale but valid memory, which the layout's check then rejects
+    (``verify_weights`` does not read that replay). What those references cannot keep alive is
+    a storage's memory freed or re-allocated in place (resized to 0 and back): that changes the
+    storage's address, which is compared first, one per storage, in a C loop."""
     try:
         layout = _PLANS.get(optimizer)
     except TypeError:
-        return None, None
-    plan = layout.plans.get(key) if layout is not None else None
+        return None, False
+    key = layout.last.get(which) if layout is not None else None
+    plan = layout.plans.get(key) if layout is not None and key is not None else None
     if plan is None or not plan.check.replayable():
-        return None, None
+        return None, False
     taken = layout.fingerprint  # type: ignore[union-attr]
     try:
-        if list(map(DATA_PTR, taken.addressed)) != taken.pointers:
-            return None, False
+        if list(map(STORAGE_PTR, taken.storages)) != taken.storage_pointers:
+            return None, True
     except (RuntimeError, NotImplementedError, TypeError):
-        return None, None
+        return None, True
     plan.check.restart(report, offset)
     plan.check.launch()
-    return plan, True
+    return plan, False
 
 
 def _layout_of(optimizer: Any, taken: Fingerprint) -> _Layout | None:

@@ -131,7 +131,7 @@ def _blind_offsets(job: Any) -> list[int]:
     stride = round(1 / DEFAULT_VERIFY_SAMPLE)
     kept = weights._PLANS[job.optimizer].fingerprint
     chunks = weights._model_chunks(job.model)
-    return [o for o in range(stride) if unchanged(kept, chunks, job.optimizer, part=(o, stride))]
+    return [o for o in range(stride) if unchanged(kept, chunks, job.optimizer, (o, stride))]
 
 
 def case_rotation() -> dict[str, Any]:

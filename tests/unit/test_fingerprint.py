@@ -96,19 +96,26 @@ def test_the_tensors_it_addressed_are_those_a_plan_reads_by_address(layout: dict
     assert want <= got <= want | {id(quantized)}, [type(t).__name__ for t in addressed]
 
 
-def test_addresses_read_just_before_stand_only_for_those_very_tensors(layout: dict[str, Any]) -> None:
-    """A replayed check reads the addresses once (its launch's guard) and hands them on, so the
-    fingerprint need not read every tensor again; they stand in only for the same objects. After
-    a main shard is swapped for another, the fingerprint is the one taken afresh (else the next
-    check's would differ from it, and no plan would be kept)."""
-    first = _fp()
-    addressed = first.addressed
-    pointers = [t.data_ptr() for t in addressed]
-    assert fingerprint.fingerprint([], None, known=(addressed, pointers)) == first
-    assert fingerprint.unchanged(first, [], None, addresses_read=True)
-    layout["mains"][0] = layout["mains"][0].clone()
-    assert fingerprint.fingerprint([], None, known=(addressed, pointers)) == _fp() != first
-    assert not fingerprint.unchanged(first, [], None, addresses_read=True)
+def test_the_launch_guard_reads_each_storage_once(layout: dict[str, Any]) -> None:
+    """What a kept graph's launch is guarded by (``weights._replay_early``): one address per
+    storage the plan reads (a param's codes and a plain param viewing one buffer count once),
+    and a storage freed in place changes it, while a tensor re-pointed to
+    other memory leaves its old storage, still held, as it was (``unchanged`` sees that)."""
+    buffer = torch.zeros(512)
+    plain = layout["params"][1]
+    plain.data = buffer[:64]
+    layout["mains"][0].data = buffer[64:320]
+    kept = _fp()
+    cdata = [s._cdata for s in kept.storages]
+    assert len(cdata) == len(set(cdata)) and buffer.untyped_storage()._cdata in cdata
+    assert len(kept.storages) < len(kept.addressed)
+    ptrs = lambda: [s.data_ptr() for s in kept.storages]  # noqa: E731
+    assert ptrs() == kept.storage_pointers
+    layout["mains"][1].data = layout["mains"][1].data.clone()  # re-pointed: its old storage stays
+    assert ptrs() == kept.storage_pointers and not _holds(kept)
+    kept = _fp()
+    buffer.untyped_storage().resize_(0)  # freed in place (allocated again, it may land anywhere)
+    assert ptrs() != kept.storage_pointers
 
 
 def test_a_plain_param_with_one_of_the_attributes_is_read_as_the_others(layout: dict[str, Any]) -> None:
@@ -184,9 +191,7 @@ def test_a_partial_reread_sees_what_a_plan_reads_at_every_phase_and_the_rest_at_
 
     def seen_at(kept: fingerprint.Fingerprint) -> list[int]:
         return [
-            phase
-            for phase in range(stride)
-            if not fingerprint.unchanged(kept, [], None, part=(phase, stride))
+            phase for phase in range(stride) if not fingerprint.unchanged(kept, [], None, (phase, stride))
         ]
 
     quantized, plain = layout["params"]
