@@ -12,7 +12,9 @@ the replicas agree: rank 1 learns of it only from the mismatch count the all-red
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,6 +47,24 @@ def _scale_of_first_whole_row(param: Any, start: int) -> tuple[int, int]:
     return -(-start // last), 3
 
 
+@contextlib.contextmanager
+def _te_shaped() -> Iterator[None]:
+    """The toy builds its MXFP8 weights as the kit's TE-shaped type, registered with core, whatever
+    the pass's ``MXFP8_PARAM_KIND``; the pass's kind again after."""
+    from mbridge_mxfp8_plugin.testing.te_mxfp8 import te_shaped_mxfp8
+
+    saved = os.environ.get("MXFP8_PARAM_KIND")
+    os.environ["MXFP8_PARAM_KIND"] = "te"
+    try:
+        with te_shaped_mxfp8():
+            yield
+    finally:
+        if saved is None:
+            os.environ.pop("MXFP8_PARAM_KIND", None)
+        else:
+            os.environ["MXFP8_PARAM_KIND"] = saved
+
+
 def _checks(job: Any, event: str) -> dict[str, Any]:
     from mbridge_mxfp8_plugin import verify_weights
     from mbridge_mxfp8_plugin.options import DEFAULT_VERIFY_SAMPLE
@@ -63,50 +83,36 @@ def case_codes() -> dict[str, Any]:
     names it, exactly one phase of 16 of the sampled check names it, and every rank's replica
     check names it. One scale byte drifts on rank 1 only, in a block of rank 0's slice: no shard
     check sees it, every rank's replica check must."""
-    from mbridge_mxfp8_plugin import ensure_weights_current
-    from mbridge_mxfp8_plugin.testing.te_mxfp8 import te_shaped_mxfp8
-    from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
-
     rank = torch.distributed.get_rank()
-    saved = os.environ.get("MXFP8_PARAM_KIND")
-    os.environ["MXFP8_PARAM_KIND"] = "te"  # the toy builds its MXFP8 weights of this kind
     rec: dict[str, Any] = {}
-    try:
-        with te_shaped_mxfp8():
-            job = build_job(ToyConfig(dims=DIMS))
-            train(job, ITERS)
-            ensure_weights_current(job.model, job.optimizer)
-            rec["clean"] = _checks(job, "codes clean")
-            mine = _whole_row_slices(job)
-            picked = None
-            if mine:
-                name, param, start, _ = mine[0]
-                picked = (name, *_scale_of_first_whole_row(param, start))
-            picks: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(picks, picked)
-            assert picks[0] is not None, "rank 0 owns no whole row of a 128k-row TE-shaped weight"
-            name, row, col = picks[0]
-            param = dict(job.model[0].named_parameters())[name]
-            per_row = param.shape[-1] // 32
-            rec["scale_name"], rec["scale_block"] = name, row * per_row + col
-            scales = param._rowwise_scale_inv
-            if rank == 0:
-                scales[row, col] += 1  # every element of that block doubles; no code bit changes
-            rec["scale"] = _checks(job, "codes scale")
-            if rank == 0:
-                scales[row, col] -= 1
-            rec["restored"] = _checks(job, "codes restored")["full"]
-            if rank == 1:
-                scales[row, col] += 1  # rank 1's copy drifts where rank 0 owns the block
-            rec["drift"] = _checks(job, "codes drift")["full"]
-            if rank == 1:
-                scales[row, col] -= 1
-            rec["job"] = job
-    finally:
-        if saved is None:
-            os.environ.pop("MXFP8_PARAM_KIND", None)
-        else:
-            os.environ["MXFP8_PARAM_KIND"] = saved
+    with _te_shaped():
+        job = _te_job()
+        rec["clean"] = _checks(job, "codes clean")
+        mine = _whole_row_slices(job)
+        picked = None
+        if mine:
+            name, param, start, _ = mine[0]
+            picked = (name, *_scale_of_first_whole_row(param, start))
+        picks: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(picks, picked)
+        assert picks[0] is not None, "rank 0 owns no whole row of a 128k-row TE-shaped weight"
+        name, row, col = picks[0]
+        param = dict(job.model[0].named_parameters())[name]
+        per_row = param.shape[-1] // 32
+        rec["scale_name"], rec["scale_block"] = name, row * per_row + col
+        scales = param._rowwise_scale_inv
+        if rank == 0:
+            scales[row, col] += 1  # every element of that block doubles; no code bit changes
+        rec["scale"] = _checks(job, "codes scale")
+        if rank == 0:
+            scales[row, col] -= 1
+        rec["restored"] = _checks(job, "codes restored")["full"]
+        if rank == 1:
+            scales[row, col] += 1  # rank 1's copy drifts where rank 0 owns the block
+        rec["drift"] = _checks(job, "codes drift")["full"]
+        if rank == 1:
+            scales[row, col] -= 1
+        rec["job"] = job
     return rec
 
 
@@ -148,43 +154,34 @@ def case_rotation() -> dict[str, Any]:
       scales would say WRONG).
     Each is undone after, and the check is OK again."""
     from mbridge_mxfp8_plugin import verify_weights
-    from mbridge_mxfp8_plugin.testing.te_mxfp8 import te_shaped_mxfp8
 
-    saved = os.environ.get("MXFP8_PARAM_KIND")
-    os.environ["MXFP8_PARAM_KIND"] = "te"
     rec: dict[str, Any] = {}
-    try:
-        with te_shaped_mxfp8():
-            job = _te_job()
-            rec["warm"] = verify_weights(job.model, job.optimizer, event="rotation warm", offset=0)
-            mine = _whole_row_slices(job)
-            names: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(names, mine[0][0] if mine else None)
-            rec["name"] = name = names[0]  # rank 0's: every rank changes the same weight
-            param = dict(job.model[0].named_parameters())[name]
-            rec["owner"] = _owns(job, param)
-            codes = param._rowwise_data
-            with torch.no_grad():
-                param._rowwise_data = codes.clone().bitwise_xor_(0x01)
-            rec["rebound_blind"] = _blind_offsets(job)
-            rec["rebound"] = verify_weights(job.model, job.optimizer, event="rebound", offset=1)
-            param._rowwise_data = codes
-            rec["rebound_back"] = verify_weights(job.model, job.optimizer, event="rebound back", offset=2)
-            scales = param._rowwise_scale_inv
-            param._with_gemm_swizzled_scales = True
-            with torch.no_grad():
-                scales.add_(1)
-            rec["swizzled_blind"] = _blind_offsets(job)
-            rec["swizzled"] = verify_weights(job.model, job.optimizer, event="swizzled", offset=3)
-            param._with_gemm_swizzled_scales = False
-            with torch.no_grad():
-                scales.sub_(1)
-            rec["swizzled_back"] = verify_weights(job.model, job.optimizer, event="swizzled back", offset=4)
-    finally:
-        if saved is None:
-            os.environ.pop("MXFP8_PARAM_KIND", None)
-        else:
-            os.environ["MXFP8_PARAM_KIND"] = saved
+    with _te_shaped():
+        job = _te_job()
+        rec["warm"] = verify_weights(job.model, job.optimizer, event="rotation warm", offset=0)
+        mine = _whole_row_slices(job)
+        names: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(names, mine[0][0] if mine else None)
+        rec["name"] = name = names[0]  # rank 0's: every rank changes the same weight
+        param = dict(job.model[0].named_parameters())[name]
+        rec["owner"] = _owns(job, param)
+        codes = param._rowwise_data
+        with torch.no_grad():
+            param._rowwise_data = codes.clone().bitwise_xor_(0x01)
+        rec["rebound_blind"] = _blind_offsets(job)
+        rec["rebound"] = verify_weights(job.model, job.optimizer, event="rebound", offset=1)
+        param._rowwise_data = codes
+        rec["rebound_back"] = verify_weights(job.model, job.optimizer, event="rebound back", offset=2)
+        scales = param._rowwise_scale_inv
+        param._with_gemm_swizzled_scales = True
+        with torch.no_grad():
+            scales.add_(1)
+        rec["swizzled_blind"] = _blind_offsets(job)
+        rec["swizzled"] = verify_weights(job.model, job.optimizer, event="swizzled", offset=3)
+        param._with_gemm_swizzled_scales = False
+        with torch.no_grad():
+            scales.sub_(1)
+        rec["swizzled_back"] = verify_weights(job.model, job.optimizer, event="swizzled back", offset=4)
     return rec
 
 
