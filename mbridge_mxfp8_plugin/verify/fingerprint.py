@@ -24,7 +24,7 @@ import torch
 
 from ..mcore.layout import bucket_params, buffers, main_params
 
-__all__ = ["DATA_PTR", "STORAGE_PTR", "Fingerprint", "fingerprint", "params_of", "unchanged"]
+__all__ = ["DATA_PTR", "Fingerprint", "fingerprint", "params_of", "unchanged"]
 
 
 def params_of(chunks: list[Any]) -> list[Any]:
@@ -51,8 +51,6 @@ class Fingerprint:
         "parts",
         "pointers",
         "shapes",
-        "storage_pointers",
-        "storages",
     )
 
     def __init__(self) -> None:
@@ -71,12 +69,9 @@ class Fingerprint:
         #: and those asked through getattr
         self.present: tuple[list[_Group], list[_Group]] = ([], [])
         self.mains: list[Any] = []
-        #: the tensors a plan reads by address, and those addresses
+        #: the tensors a plan reads by address, and those addresses: a kept graph's launch guard
         self.addressed: list[Any] = []
         self.pointers: list[int] = []
-        #: their storages, one each, and those addresses: a kept graph's launch guard
-        self.storages: list[Any] = []
-        self.storage_pointers: list[int] = []
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Fingerprint) and self.parts == other.parts
@@ -95,8 +90,7 @@ def fingerprint(chunks: list[Any], optimizer: Any) -> Fingerprint:
 
     The tensors are listed first, then addressed in C loops (``map``): the objects, and their
     first elements' pointers (``data_ptr`` includes the storage offset, so a moved view or a
-    swapped storage changes it), then their storages' (one per storage: a kept graph's launch
-    guard, ``weights._replay_early``)."""
+    swapped storage changes it)."""
     taken = Fingerprint()
     try:
         # One subclass-dispatch guard for the whole walk: entered per tensor it cost more than
@@ -126,7 +120,6 @@ def fingerprint(chunks: list[Any], optimizer: Any) -> Fingerprint:
                     tensors.extend(held)
             tensors.extend(taken.mains)
             taken.pointers = _pointers(tensors, taken.addressed)
-            taken.storages, taken.storage_pointers = _storages(taken.addressed)
             parts: list[Any] = [*kinds, *taken.shapes]
             for values in (taken.dict_values, taken.asked_values):
                 for layout in values[len(_HELD_ATTRS) :]:
@@ -144,9 +137,10 @@ def unchanged(
     chunks: list[Any],
     optimizer: Any,
     part: tuple[int, int] = (0, 1),
+    addresses_read: bool = False,
 ) -> bool:
-    """Whether the layout is still ``kept``'s, object for object, with every address the same.
-    True only where a new fingerprint
+    """Whether the layout is still ``kept``'s, object for object, with every address the same
+    (``addresses_read``: the caller compared them just now). True only where a new fingerprint
     would equal ``kept``, as far as it looked; False where anything differs, even an equal value
     in a new object (the caller then takes a new one, which decides).
 
@@ -171,7 +165,7 @@ def unchanged(
             mains = main_params(optimizer)
             if len(mains) != len(kept.mains) or not all(map(is_, mains, kept.mains)):
                 return False
-            if list(map(DATA_PTR, kept.addressed)) != kept.pointers:
+            if not addresses_read and list(map(DATA_PTR, kept.addressed)) != kept.pointers:
                 return False
             if stride > 1:
                 by_dict, asked = kept.present
@@ -247,20 +241,6 @@ def _pointers(tensors: list[Any], addressed: list[Any]) -> list[int]:
     return out
 
 
-def _storages(tensors: list[Any]) -> tuple[list[Any], list[int]]:
-    """The storages of ``tensors``, one each, and their addresses. A wrapper's nominal storage,
-    which has no address (its tensor's is its own, or none), is left out: the tensor's own
-    address is compared, in :func:`unchanged`."""
-    storages, pointers = [], []
-    for storage in {s._cdata: s for s in map(_STORAGE, tensors)}.values():
-        try:
-            pointers.append(STORAGE_PTR(storage))
-        except (RuntimeError, NotImplementedError):
-            continue
-        storages.append(storage)
-    return storages, pointers
-
-
 _LAYOUT_ATTRS = ("_fp8_dtype", "_with_gemm_swizzled_scales", "_quantizer")
 #: The tensors a quantized param holds that the check reads or folds (``read``, ``replica``).
 _HELD_ATTRS = ("_rowwise_data", "_rowwise_scale_inv", "_data", "_scale_inv")
@@ -272,8 +252,6 @@ _NAMES = _HELD_ATTRS + _LAYOUT_ATTRS
 _PLAIN = (torch.nn.Parameter, torch.Tensor)
 _ATTRS = frozenset(_HELD_ATTRS + _LAYOUT_ATTRS)
 DATA_PTR = torch.Tensor.data_ptr
-STORAGE_PTR = torch.UntypedStorage.data_ptr
-_STORAGE = torch.Tensor.untyped_storage
 _SHAPE = attrgetter("shape")
 _GETATTR = getattr
 _NONES = repeat(None)

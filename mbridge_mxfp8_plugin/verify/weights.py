@@ -24,7 +24,7 @@ from ..mcore.layout import (
 )
 from ..options import DEFAULT_VERIFY_SAMPLE
 from .batches import Owned
-from .fingerprint import STORAGE_PTR, Fingerprint, fingerprint, unchanged
+from .fingerprint import DATA_PTR, Fingerprint, fingerprint, unchanged
 from .probe import Probed
 from .read import Reader, reader_for
 from .replica import fold_sources, group_size, reduce_folds, row_sums
@@ -192,7 +192,7 @@ def _check(
 
     # The last plan of this sample and tolerance is launched first, so that everything else
     # the host does (finding the chunks, the plan's key, re-reading the layout) overlaps it.
-    early, moved = _replay_early(optimizer, (stride, atol), report, offset)
+    early, moved = _replay_early(optimizer, (stride, atol), report, offset)  # moved: None, unread
     chunks = _model_chunks(held)
     # What else a plan depends on: the budget, the quantized types core recognises. Not the
     # sampled phase: that is data the plan is run with (``ShardCheck.restart``).
@@ -239,21 +239,23 @@ def _kept_plan(
     offset: int,
     stride: int,
     early: _Plan | None,
-    moved: bool,
+    moved: bool | None,
 ) -> tuple[_Layout | None, _Plan | None]:
     """This layout's kept state, and its plan of ``key`` ready for this call (None: none kept).
     ``early``, launched already (``_replay_early``), is read only if it is that plan and the
     layout holds: the same objects at the same addresses (:func:`unchanged`; a sampled check
     re-reads what no framework changes on a live param in rotation, one param in ``stride`` per
     call), else a new fingerprint equal to the kept one. The rotation is the sampled blocks'
-    (``offset``): the same on every rank, so replicas drop a plan at the same call. ``moved``: a
-    storage the plan reads was moved or freed (nothing was launched)."""
+    (``offset``): the same on every rank, so replicas drop a plan at the same call. ``moved``:
+    whether a tensor the plan reads was found at another address just now (nothing was then
+    launched); None where the addresses were not read."""
     try:
         layout = _PLANS.get(optimizer)
     except TypeError:  # not weakly referenceable: nothing is kept
         layout = None
     part = (offset % stride, stride)
-    if layout is None or moved or not unchanged(layout.fingerprint, chunks, optimizer, part):
+    read = moved is False
+    if layout is None or moved or not unchanged(layout.fingerprint, chunks, optimizer, part, read):
         layout = _layout_of(optimizer, fingerprint(chunks, optimizer))
     plan = layout.plans.get(key) if layout is not None else None
     if early is not None and early is not plan:  # the layout or the key changed: not read
@@ -265,30 +267,32 @@ def _kept_plan(
 
 def _replay_early(
     optimizer: Any, which: tuple[int, float], report: WeightReport, offset: int
-) -> tuple[_Plan | None, bool]:
+) -> tuple[_Plan | None, bool | None]:
     """The plan the last call of this sample and tolerance (``which``) used, its graph launched
     at this call's phase before anything else, so that the GPU compares while the host finds
     the chunks and re-reads the layout (most of a replayed check's host time); None where there
-    is no graph to launch. With it, whether a storage the plan reads was moved or freed.
+    is no graph to launch. With it, whether a tensor the plan reads is at another address: False
+    (the addresses were read and hold: the layout's re-read need not read them again), True
+    (nothing launched), None (not read).
 
-    Launching before knowing the layout is unchanged is safe because the plan holds every
-    tensor its graph reads (its views; the fingerprint's ``addressed``) and so their storages: a
-    tensor the job replaced or re-pointed (``.data =``, ``set_``) leaves its storage allocated,
-    and the replay reads stale but valid memory, which the layout's check then rejects
-    (``verify_weights`` does not read that replay). What those references cannot keep alive is
-    a storage's memory freed or re-allocated in place (resized to 0 and back): that changes the
-    storage's address, which is compared first, one per storage, in a C loop."""
+    Launching before knowing the layout is unchanged is safe because the plan holds every tensor
+    its graph reads (its views, the fingerprint's ``addressed``): a param or shard the job
+    replaced is still allocated, and the replay reads stale but valid memory, which the layout's
+    check then rejects (``verify_weights`` does not read that replay). What the plan's
+    references cannot keep valid is a tensor re-pointed or freed in place (``set_``, ``.data =``,
+    a storage resized to 0): the kernels' tables address the batch's tensors from their first
+    one, so that changes an address, compared first, in one C loop."""
     try:
         layout = _PLANS.get(optimizer)
     except TypeError:
-        return None, False
+        return None, None
     key = layout.last.get(which) if layout is not None else None
     plan = layout.plans.get(key) if layout is not None and key is not None else None
     if plan is None or not plan.check.replayable():
-        return None, False
+        return None, None
     taken = layout.fingerprint  # type: ignore[union-attr]
     try:
-        if list(map(STORAGE_PTR, taken.storages)) != taken.storage_pointers:
+        if list(map(DATA_PTR, taken.addressed)) != taken.pointers:
             return None, True
     except (RuntimeError, NotImplementedError, TypeError):
         return None, True

@@ -367,8 +367,8 @@ class _StandInGraph:
 def _case_early_replay() -> dict[str, Any]:
     """A kept plan's graph is launched before the layout is checked (the two overlap) and is read
     only where the layout holds (the same objects at the same addresses, else an equal new
-    fingerprint); a tensor replaced or re-pointed leaves its old storage held, which the replay
-    read. Graphs stand in on CPU
+    fingerprint); a tensor re-pointed or freed in place is caught by its address before any
+    launch. Graphs stand in on CPU
     (:class:`_StandInGraph`); per call, the order of the replays, the identity checks and the
     fingerprints is logged."""
     from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
@@ -441,7 +441,7 @@ def _case_early_replay() -> dict[str, Any]:
         groups[g][i] = moved  # a new object: the old one, which the plan holds, keeps its address
         check("replaced")
         with torch.no_grad():
-            moved.data = moved.data.clone()  # the same object, re-pointed (its old storage is held)
+            moved.data = moved.data.clone()  # the same object, re-pointed: another address
         check("moved")
     finally:
         graphs.on_cuda, graphs.capture, weights.fingerprint = saved[:3]
