@@ -369,8 +369,8 @@ def _case_early_replay() -> dict[str, Any]:
     only where the layout holds (the same objects at the same addresses, else an equal new
     fingerprint); a tensor re-pointed or freed in place is caught by its address before any
     launch. Graphs stand in on CPU
-    (:class:`_StandInGraph`); per call, the order of the replays, the identity checks and the
-    fingerprints is logged."""
+    (:class:`_StandInGraph`); per call, the order of the replays, the chunks' discovery, the
+    identity checks and the fingerprints is logged."""
     from mbridge_mxfp8_plugin import ensure_weights_current, verify_weights
     from mbridge_mxfp8_plugin.testing.toy import ToyConfig, build_job
     from mbridge_mxfp8_plugin.verify import graphs, weights
@@ -385,6 +385,7 @@ def _case_early_replay() -> dict[str, Any]:
         weights.fingerprint,
         torch.cuda.is_current_stream_capturing,
         weights.unchanged,
+        weights._model_chunks,
     )
 
     def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
@@ -404,7 +405,12 @@ def _case_early_replay() -> dict[str, Any]:
         return saved[4](*args)
 
     graphs.on_cuda, graphs.capture, weights.fingerprint = (lambda t: True), capture, fingerprint
-    weights.unchanged = unchanged
+
+    def chunks(*args: Any) -> Any:
+        log.append("chunks")
+        return saved[5](*args)
+
+    weights.unchanged, weights._model_chunks = unchanged, chunks
     torch.cuda.is_current_stream_capturing = lambda: False
     weights._PLANS.clear()
     rec: dict[str, Any] = {}
@@ -445,7 +451,7 @@ def _case_early_replay() -> dict[str, Any]:
         check("moved")
     finally:
         graphs.on_cuda, graphs.capture, weights.fingerprint = saved[:3]
-        torch.cuda.is_current_stream_capturing, weights.unchanged = saved[3:]
+        torch.cuda.is_current_stream_capturing, weights.unchanged, weights._model_chunks = saved[3:]
         weights._PLANS.clear()
     rec["param"] = next(n for n, p in job.model[0].named_parameters() if p is param)
     rec["collector"] = (collector, gc.isenabled())  # during each check, after the last
