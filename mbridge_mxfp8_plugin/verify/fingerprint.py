@@ -176,7 +176,7 @@ def unchanged(
                             return False
                 for owners, had in asked:
                     for name, values in had.items():
-                        if not all(map(is_, map(_GETATTR, owners, repeat(name), _NONES), values)):
+                        if not all(map(is_, map(_GETATTR, owners, repeat(name), repeat(None)), values)):
                             return False
                 params = params[phase::stride]
             if not all(map(is_, map(type, params), kept.kinds[phase::stride])):
@@ -254,7 +254,6 @@ _ATTRS = frozenset(_HELD_ATTRS + _LAYOUT_ATTRS)
 DATA_PTR = torch.Tensor.data_ptr
 _SHAPE = attrgetter("shape")
 _GETATTR = getattr
-_NONES = repeat(None)
 _NOT_NONE = partial(is_not, None)
 #: Per param type, which of those names its class declares (a property, a slot, a class default),
 #: or all of them where it resolves names itself (``__getattr__``).

@@ -157,7 +157,7 @@ def verify_weights(
         offset = next(_CALLS)
     report = WeightReport(event=event, sample=1.0 / stride, accept_unchecked=accept_unchecked)
     with _collector_paused():
-        report = _check(report, model_chunks, optimizer, atol, max_names, stride, offset)
+        _check(report, model_chunks, optimizer, atol, max_names, stride, offset)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -187,12 +187,12 @@ def _check(
     max_names: int,
     stride: int,
     offset: int,
-) -> WeightReport:
+) -> None:
     from megatron.core import fp8_utils
 
     # The last plan of this sample and tolerance is launched first, so that everything else
     # the host does (finding the chunks, the plan's key, re-reading the layout) overlaps it.
-    early, moved = _replay_early(optimizer, (stride, atol), report, offset)  # moved: None, unread
+    early, moved = _replay_early(optimizer, (stride, atol), report, offset)
     chunks = _model_chunks(held)
     # What else a plan depends on: the budget, the quantized types core recognises. Not the
     # sampled phase: that is data the plan is run with (``ShardCheck.restart``).
@@ -228,7 +228,6 @@ def _check(
         layout.last[(stride, atol)] = key  # type: ignore[union-attr]
     report.params_hashed = sum(len(v[1]) for v in hashes.values())
     reduce_folds(hashes, report, max_names, plan.device)
-    return report
 
 
 def _kept_plan(
