@@ -30,6 +30,7 @@ import csv
 import gc
 import json
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -131,6 +132,8 @@ def _measure(job: Any, key: str, sample: float, before: Any = None) -> dict[str,
     res[f"{key}_later_median_s"] = statistics.median(later)
     res[f"{key}_later_max_s"] = max(later)
     res[f"{key}_s"] = timeit(check)
+    if stride > 1:  # the kept graph launched first (``_replay_early``) against launched last, side by side
+        res[f"{key}_early_vs_late"] = _early_vs_late(check)
     if key in os.environ.get("VERIFY_PROFILE", "").split(","):  # where a steady call's time goes
         _profile(check, key)
     res[f"{key}_ok"] = bool(report.ok and not report.unchecked)
@@ -160,6 +163,24 @@ def _measure(job: Any, key: str, sample: float, before: Any = None) -> dict[str,
     for group in (int(g) for g in groups if g and key in wanted):
         res.setdefault(f"{key}_groups", {})[group] = _with_group(check, group, stride)
     return res
+
+
+def _early_vs_late(check: Any, rounds: int = 3) -> dict[str, float]:
+    """Steady seconds with the kept graph launched before the host's walk (as shipped) and at
+    its end (``_replay_early`` off: the replay comes with ``finish``), interleaved in ``rounds``
+    so that the host's drift falls on both."""
+    from mbridge_mxfp8_plugin.verify import weights
+
+    early, late = [], []
+    shipped = weights._replay_early
+    for _ in range(rounds):
+        early.append(timeit(check))
+        weights._replay_early = lambda *a: (None, None)
+        try:
+            late.append(timeit(check))
+        finally:
+            weights._replay_early = shipped
+    return {"early_s": statistics.median(early), "late_s": statistics.median(late)}
 
 
 def _barrier() -> float:
@@ -284,15 +305,20 @@ def _profile(check: Any, key: str, calls: int = 20, fresh: bool = False) -> None
     sort = "cumulative" if calls == 1 else "tottime"
     kernels = ""
     if torch.cuda.is_available():
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile, record_function
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as gpu:
             for _ in range(calls):
                 if fresh:
                     _fresh()
-                check()
+                with record_function("verify_weights call"):  # the trace's span of one call
+                    check()
             sync()
         kernels = gpu.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        traces = os.environ.get("VERIFY_TRACE_DIR")
+        if traces and torch.distributed.get_rank() == 0:  # the timeline: what overlaps what
+            Path(traces).mkdir(parents=True, exist_ok=True)
+            gpu.export_chrome_trace(str(Path(traces) / f"{re.sub(r'[^A-Za-z0-9]+', '_', key)}.json"))
     if torch.distributed.get_rank() == 0:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats(sort).print_stats(30 if calls == 1 else 20)
@@ -424,6 +450,11 @@ def rows_of(raw: dict[str, Any]) -> list[dict[str, Any]]:
                     row[f"{kind}_after_transition_max_x"] = after / t
             row["s16_vs_full"] = size[f"s16_{path}_s"] / size[f"full_{path}_s"]
             row["s64_vs_s16"] = size[f"s64_{path}_s"] / size[f"s16_{path}_s"]
+            for kind in ("s16", "s64"):  # a kept graph launched first against last (where measured)
+                both = size.get(f"{kind}_{path}_early_vs_late")
+                if both:
+                    row[f"{kind}_early_s"], row[f"{kind}_late_s"] = both["early_s"], both["late_s"]
+                    row[f"{kind}_early_vs_late"] = both["early_s"] / both["late_s"]
             row["fused_used"] = all(row[f"{kind}_fused_used"] for kind in SAMPLES)
             row["judged"] = path != "fused" or row["fused_used"]
             full_later = TARGETS["full_later_fused"] if path == "fused" else TARGETS["full_later_own"]
@@ -526,6 +557,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"{r['size']} {r['core']} {r['path']}: 1/64 / 1/16 = {r['s64_vs_s16']:.2f}, "
             f"sampled / full = {r['s16_vs_full']:.3f}, fused kernel used: {r['fused_used']}"
+            + (f", 1/16 launched first / last = {r['s16_early_vs_late']:.2f}" if "s16_early_vs_late" in r else "")
         )
     result: dict[str, Any] = {"targets": TARGETS, "rows": rows, "raw": raws, "checks": checks}
     result["all_pass"] = all(ok for _, ok in checks)
