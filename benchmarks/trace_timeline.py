@@ -1,0 +1,82 @@
+"""Where a replayed check's time goes on the GPU's timeline: one profiled call, event by event,
+and each kernel's time per call, from the chrome traces ``verify_te`` writes
+(``VERIFY_PROFILE=<key> VERIFY_TRACE_DIR=<dir>``; each call marked ``verify_weights call``).
+
+The host profile says what Python costs and the steady timings what a call costs; neither says
+which of the two a call waits for. The timeline does: how long the host works before the first
+launch, how long the GPU sits idle between a launch and its first kernel, what runs after the
+big compare and before the verdict reaches the host.
+
+    python benchmarks/trace_timeline.py benchmarks/results/verify_te_launch_first/profiled/s16_fused.json.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+_MARK = "verify_weights call"
+_GPU = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    opener: Any = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        trace = json.load(f)
+    events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    return [e for e in events if e.get("ph") == "X"]
+
+
+def timeline(path: Path, call: int) -> str:
+    """Call ``call``'s CUDA runtime calls and GPU events (microseconds from the call's start; a
+    kernel's ``idle`` is the GPU's gap since the previous one ended), then every kernel's mean
+    time per call over all calls."""
+    events = _events(path)
+    calls = sorted((e for e in events if e.get("name") == _MARK and e.get("cat") == "user_annotation"),
+                   key=lambda e: e["ts"])  # fmt: skip
+    gpu = sorted((e for e in events if e.get("cat") in _GPU), key=lambda e: e["ts"])
+    runtime = sorted((e for e in events if e.get("cat") == "cuda_runtime"), key=lambda e: e["ts"])
+    if not calls:
+        return f"{path}: no '{_MARK}' spans"
+    call = min(call, len(calls) - 1)
+    lines = [f"{path.name}: {len(calls)} calls; call {call}, in us from its start"]
+    mark = calls[call]
+    t0, end = mark["ts"], mark["ts"] + mark["dur"]
+    after = calls[call + 1]["ts"] if call + 1 < len(calls) else float("inf")
+    shown = [e for e in runtime if t0 <= e["ts"] <= end] + [e for e in gpu if t0 <= e["ts"] < after]
+    last_end = None
+    for e in sorted(shown, key=lambda e: e["ts"]):
+        idle = ""
+        if e.get("cat") in _GPU:
+            idle = f"idle {e['ts'] - last_end:6.1f}" if last_end is not None else "first GPU event"
+            last_end = e["ts"] + e["dur"]
+        lines.append(f"{e['ts'] - t0:8.1f} {e['dur']:7.1f}  {e['cat']:12s} {idle:>15s}  {e['name'][:64]}")
+    lines.append(f"{mark['dur']:8.1f}          the call returns")
+    per: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
+    for i, c in enumerate(calls):
+        nxt = calls[i + 1]["ts"] if i + 1 < len(calls) else float("inf")
+        for e in gpu:
+            if c["ts"] <= e["ts"] < nxt:
+                per[e["name"][:64]] += e["dur"]
+                count[e["name"][:64]] += 1
+    lines.append("GPU time per call (mean over the calls), by kernel:")
+    for name, total in per.most_common():
+        lines.append(f"{total / len(calls):8.1f} us  x{count[name] / len(calls):4.1f}  {name}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="+", type=Path)
+    parser.add_argument("--call", type=int, default=3, help="which call's timeline (default 3: steady)")
+    args = parser.parse_args()
+    print("\n\n".join(timeline(p, args.call) for p in args.traces))
+
+
+if __name__ == "__main__":
+    main()
