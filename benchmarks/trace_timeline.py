@@ -75,7 +75,14 @@ def main() -> None:
     parser.add_argument("traces", nargs="+", type=Path)
     parser.add_argument("--call", type=int, default=3, help="which call's timeline (default 3: steady)")
     args = parser.parse_args()
-    print("\n\n".join(timeline(p, args.call) for p in args.traces))
+    shown = []
+    for path in args.traces:
+        try:
+            shown.append(timeline(path, args.call))
+        except (OSError, EOFError, ValueError) as exc:  # JSONDecodeError and gzip's errors included
+            parser.error(f"{path}: not a readable chrome trace ({type(exc).__name__}: {exc}); "
+                         "write one with VERIFY_PROFILE=<key> VERIFY_TRACE_DIR=<dir>")  # fmt: skip
+    print("\n\n".join(shown))
 
 
 if __name__ == "__main__":
