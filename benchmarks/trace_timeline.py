@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-_MARK = "verify_weights call"
+#: The span ``verify_te._profile`` wraps each profiled call in (one name for both ends).
+CALL_MARK = "verify_weights call"
 _GPU = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -31,23 +32,28 @@ def _events(path: Path) -> list[dict[str, Any]]:
     return [e for e in events if e.get("ph") == "X"]
 
 
+def _gpu_of(calls: list[dict[str, Any]], i: int, gpu: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Call ``i``'s GPU events: from its start to the next call's (its work may outlast its span)."""
+    after = calls[i + 1]["ts"] if i + 1 < len(calls) else float("inf")
+    return [e for e in gpu if calls[i]["ts"] <= e["ts"] < after]
+
+
 def timeline(path: Path, call: int) -> str:
     """Call ``call``'s CUDA runtime calls and GPU events (microseconds from the call's start; a
     kernel's ``idle`` is the GPU's gap since the previous one ended), then every kernel's mean
     time per call over all calls."""
     events = _events(path)
-    calls = sorted((e for e in events if e.get("name") == _MARK and e.get("cat") == "user_annotation"),
+    calls = sorted((e for e in events if e.get("name") == CALL_MARK and e.get("cat") == "user_annotation"),
                    key=lambda e: e["ts"])  # fmt: skip
     gpu = sorted((e for e in events if e.get("cat") in _GPU), key=lambda e: e["ts"])
     runtime = sorted((e for e in events if e.get("cat") == "cuda_runtime"), key=lambda e: e["ts"])
     if not calls:
-        return f"{path}: no '{_MARK}' spans"
+        return f"{path}: no '{CALL_MARK}' spans"
     call = min(call, len(calls) - 1)
     lines = [f"{path.name}: {len(calls)} calls; call {call}, in us from its start"]
     mark = calls[call]
     t0, end = mark["ts"], mark["ts"] + mark["dur"]
-    after = calls[call + 1]["ts"] if call + 1 < len(calls) else float("inf")
-    shown = [e for e in runtime if t0 <= e["ts"] <= end] + [e for e in gpu if t0 <= e["ts"] < after]
+    shown = [e for e in runtime if t0 <= e["ts"] <= end] + _gpu_of(calls, call, gpu)
     last_end = None
     for e in sorted(shown, key=lambda e: e["ts"]):
         idle = ""
@@ -58,12 +64,10 @@ def timeline(path: Path, call: int) -> str:
     lines.append(f"{mark['dur']:8.1f}          the call returns")
     per: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
-    for i, c in enumerate(calls):
-        nxt = calls[i + 1]["ts"] if i + 1 < len(calls) else float("inf")
-        for e in gpu:
-            if c["ts"] <= e["ts"] < nxt:
-                per[e["name"][:64]] += e["dur"]
-                count[e["name"][:64]] += 1
+    for i in range(len(calls)):
+        for e in _gpu_of(calls, i, gpu):
+            per[e["name"][:64]] += e["dur"]
+            count[e["name"][:64]] += 1
     lines.append("GPU time per call (mean over the calls), by kernel:")
     for name, total in per.most_common():
         lines.append(f"{total / len(calls):8.1f} us  x{count[name] / len(calls):4.1f}  {name}")

@@ -56,6 +56,7 @@ from _job import (
     timeit,
     torchrun,
 )
+from trace_timeline import CALL_MARK
 
 #: Issue 32's acceptance, per path: ratios to the path's eval transition.
 TARGETS = {
@@ -311,7 +312,7 @@ def _profile(check: Any, key: str, calls: int = 20, fresh: bool = False) -> None
             for _ in range(calls):
                 if fresh:
                     _fresh()
-                with record_function("verify_weights call"):  # the trace's span of one call
+                with record_function(CALL_MARK):  # the trace's span of one call (trace_timeline)
                     check()
             sync()
         kernels = gpu.key_averages().table(sort_by="cuda_time_total", row_limit=25)
