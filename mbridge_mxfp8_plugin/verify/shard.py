@@ -328,6 +328,8 @@ class ShardCheck:
 
         def record() -> torch.Tensor:
             self.phase.begin()
+            for template in self.templates:  # replayed after this graph, into what it zeroes
+                template.reset()
             self._new_flags()
             self._capturing = True
             try:

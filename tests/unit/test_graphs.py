@@ -277,19 +277,21 @@ def test_a_captured_plan_replays_at_every_phase_and_compares_that_phases_blocks(
 
 
 @pytest.mark.parametrize("stride", [16, 1])
-@pytest.mark.parametrize("templates", [True, False])
+@pytest.mark.parametrize("templates", ["grouped", "few", "off"])
 def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by_batch(
-    monkeypatch: pytest.MonkeyPatch, templates: bool, stride: int
+    monkeypatch: pytest.MonkeyPatch, templates: str, stride: int
 ) -> None:
     """Issue 32.3: a full check at 4B is a few hundred own-write batches, and recording the
     type's write for each cost 3-7x the eval transition at the plan's first call. With a template
-    the capture records a group of batches once per key (``templates=False``: every batch, the
-    cost it removes), and each replay compares every batch of the key from its own table: a scale
-    corrupted in the key's fourth batch and one in its last, shorter batch are found at their
-    phases and no other, with each phase's element counts; no other batch is flagged (a kernel's
-    false flag costs only a re-judge by value, which would hide a batch read from the wrong
-    tensors)."""
-    from mbridge_mxfp8_plugin.verify import fused, reference, shard
+    (``grouped``: groups of two here) the capture records a group of batches once per key
+    (``off``: every batch, the cost it removes), and each replay compares every batch of the key
+    from its own table: a scale corrupted in the key's fourth batch and one in its last, shorter
+    batch are found at their phases and no other, with each phase's element counts; no other
+    batch is flagged (a kernel's false flag costs only a re-judge by value, which would hide a
+    batch read from the wrong tensors). A key of no more batches than a group (``few``: the
+    default group of eight) is recorded in the plan's graph, as with templates off: the same
+    writes recorded, and no graph launch of its own at each call."""
+    from mbridge_mxfp8_plugin.verify import _templates, fused, reference, shard
     from mbridge_mxfp8_plugin.verify.batches import Owned
     from mbridge_mxfp8_plugin.verify.read import reader_for
     from mbridge_mxfp8_plugin.verify.report import WeightReport
@@ -302,8 +304,10 @@ def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by
     monkeypatch.setattr(graphs, "_GRAPHS_OFF", {})
     monkeypatch.setattr(graphs, "on_cuda", lambda tensor: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    if not templates:
+    if templates == "off":
         monkeypatch.setattr(shard, "plan_templates", lambda planned, made: [])
+    if templates == "grouped":
+        monkeypatch.setattr(_templates, "_GROUP", 2)
     writes, recorded, made = [0], [], []
     codes = reference.Reference.codes
 
@@ -334,9 +338,12 @@ def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by
     check.finish(max_names=5)
     batches = len(check.planned)
     assert batches >= 5 and len({b.key for b in check.planned}) == 1
-    group = min(8, batches)  # batches in a row per replay (``_templates._GROUP``), then one for the rest
+    group = 2 if templates == "grouped" else 8  # batches in a row per replay, then one for the rest
     rest = [1] if batches % group else []
-    assert recorded == ([0, group, *rest] if templates else [batches])  # the plan's graph keeps none
+    templated = templates != "off" and batches > group  # at 1/16, ``few`` is five batches: none
+    assert len(check.templates) == int(templated)
+    assert templates != "few" or stride == 1 or batches <= group  # the case it pins
+    assert recorded == ([0, group, *rest] if templated else [batches])  # the plan's graph keeps none
     (_, wide, _), (_, ragged, _) = params
     wide._rowwise_scale_inv[100, 11] += 1  # block 1611: phase 11, in wide's fourth batch at 1/16
     ragged._rowwise_scale_inv[2, 1] += 1  # block 7: phase 7, in the plan's last, shorter batch
@@ -355,7 +362,7 @@ def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by
     )
     assert len(judged) == 2  # exact verdicts: only the two corrupted batches were flagged
     assert tabled[0] == batches  # each batch's tables made once, at the plan's first call
-    if templates:  # per call a replay per group of batches, and one per batch of the rest
+    if templated:  # per call a replay per group of batches, and one per batch of the rest
         assert made[1].replays == batches // group * (1 + stride)
         assert not rest or made[2].replays == batches % group * (1 + stride)
 
@@ -371,7 +378,7 @@ def test_a_template_batch_with_fewer_segments_compares_each_item_once(
     kernel's bound lowered): the first batch is ``cap`` one-block params (two segments or more),
     the second four params that fill it to the cap (one segment, no tile padding row after them)."""
     from mbridge_mxfp8_plugin.testing.te_mxfp8 import TEShapedMXFP8Quantizer
-    from mbridge_mxfp8_plugin.verify import _program_rows, fused, shard
+    from mbridge_mxfp8_plugin.verify import _program_rows, _templates, fused, shard
     from mbridge_mxfp8_plugin.verify.batches import Owned
     from mbridge_mxfp8_plugin.verify.read import reader_for
     from mbridge_mxfp8_plugin.verify.report import WeightReport
@@ -384,6 +391,7 @@ def test_a_template_batch_with_fewer_segments_compares_each_item_once(
     monkeypatch.setattr(graphs, "on_cuda", lambda tensor: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(_program_rows, "MAX_ROWS", 4)
+    monkeypatch.setattr(_templates, "_GROUP", 1)  # a template of the two batches
 
     def capture(record: Any, paths: Any = ()) -> tuple[Any, Any]:
         out = record()
