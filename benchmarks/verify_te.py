@@ -135,6 +135,7 @@ def _measure(job: Any, key: str, sample: float, before: Any = None) -> dict[str,
     res[f"{key}_s"] = timeit(check)
     if stride > 1:  # the kept graph launched first (``_replay_early``) against launched last, side by side
         res[f"{key}_early_vs_late"] = _early_vs_late(check)
+        res[f"{key}_plan_vs_template"] = _plan_vs_template(check)
     if key in os.environ.get("VERIFY_PROFILE", "").split(","):  # where a steady call's time goes
         _profile(check, key)
     res[f"{key}_ok"] = bool(report.ok and not report.unchecked)
@@ -182,6 +183,35 @@ def _early_vs_late(check: Any, rounds: int = 3) -> dict[str, float]:
         finally:
             weights._replay_early = shipped
     return {"early_s": statistics.median(early), "late_s": statistics.median(late)}
+
+
+def _plan_vs_template(check: Any, rounds: int = 3) -> dict[str, Any]:
+    """Steady seconds with a key of few own-write batches recorded in the plan's graph (as
+    shipped) and in a template of its own (the rule before 3f50a5d: any key of two batches or
+    more), interleaved in ``rounds``; each switch makes a new plan (templates are planned once),
+    warmed before it is timed. ``templates``: how many the old rule made (0: nothing differs)."""
+    from mbridge_mxfp8_plugin.verify import _templates
+
+    shipped = _templates._templated
+    plan, template, made = [], [], 0
+
+    def steady() -> float:
+        _fresh()
+        for _ in range(2):
+            check()
+        return timeit(check)
+
+    for _ in range(rounds):
+        plan.append(steady())
+        _templates._templated = lambda batches: batches >= 2
+        try:
+            template.append(steady())
+            made = sum(len(getattr(c, "templates", ())) for c in _plans())
+        finally:
+            _templates._templated = shipped
+    _fresh()
+    check()
+    return {"plan_s": statistics.median(plan), "template_s": statistics.median(template), "templates": made}
 
 
 def _barrier() -> float:
@@ -456,6 +486,10 @@ def rows_of(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 if both:
                     row[f"{kind}_early_s"], row[f"{kind}_late_s"] = both["early_s"], both["late_s"]
                     row[f"{kind}_early_vs_late"] = both["early_s"] / both["late_s"]
+                few = size.get(f"{kind}_{path}_plan_vs_template")
+                if few and few["templates"]:  # the old rule made a template: the two plans differ
+                    row[f"{kind}_plan_s"], row[f"{kind}_template_s"] = few["plan_s"], few["template_s"]
+                    row[f"{kind}_plan_vs_template"] = few["plan_s"] / few["template_s"]
             row["fused_used"] = all(row[f"{kind}_fused_used"] for kind in SAMPLES)
             row["judged"] = path != "fused" or row["fused_used"]
             full_later = TARGETS["full_later_fused"] if path == "fused" else TARGETS["full_later_own"]
@@ -555,11 +589,15 @@ def run(args: argparse.Namespace) -> int:
     for name, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     for r in rows:
-        print(
-            f"{r['size']} {r['core']} {r['path']}: 1/64 / 1/16 = {r['s64_vs_s16']:.2f}, "
-            f"sampled / full = {r['s16_vs_full']:.3f}, fused kernel used: {r['fused_used']}"
-            + (f", 1/16 launched first / last = {r['s16_early_vs_late']:.2f}" if "s16_early_vs_late" in r else "")
-        )
+        said = [
+            f"{r['size']} {r['core']} {r['path']}: 1/64 / 1/16 = {r['s64_vs_s16']:.2f}",
+            f"sampled / full = {r['s16_vs_full']:.3f}, fused kernel used: {r['fused_used']}",
+        ]
+        if "s16_early_vs_late" in r:
+            said.append(f"1/16 launched first / last = {r['s16_early_vs_late']:.2f}")
+        if "s16_plan_vs_template" in r:
+            said.append(f"1/16 few batches in the plan's graph / templated = {r['s16_plan_vs_template']:.2f}")
+        print(", ".join(said))
     result: dict[str, Any] = {"targets": TARGETS, "rows": rows, "raw": raws, "checks": checks}
     result["all_pass"] = all(ok for _, ok in checks)
     (out / "verify_te.json").write_text(json.dumps(result, indent=2))

@@ -128,11 +128,17 @@ def plan_templates(planned: Sequence[Any], launches: dict[int, Any]) -> list[Tem
             by_key.setdefault(batch.key, []).append(batch)
     made = []
     for group in by_key.values():
-        if len(group) > _GROUP:
+        if _templated(len(group)):
             one = _template([launches[id(b)] for b in group], group)
             if one is not None:
                 made.append(one)
     return made
+
+
+def _templated(batches: int) -> bool:
+    """Whether a key of ``batches`` own-write batches gets a template (the benchmark sets it
+    against the old rule, any key of two or more, side by side)."""
+    return batches > _GROUP
 
 
 def _template(launches: list[GatherLaunch], group: list[Any]) -> Template | None:
@@ -149,20 +155,26 @@ def _template(launches: list[GatherLaunch], group: list[Any]) -> Template | None
     width = len(GATHER_FIELDS)
     segs = max(len(launch.segments) for launch in launches)
     table_rows = max(s.rows for launch in launches for s in launch.segments)
-    packed = torch.zeros((len(launches), segs, table_rows, width), dtype=torch.int64)
-    packed[..., GATHER_FIELDS.index("mod") :] = 1  # mod, step, per_row, scale_cols of a dead row
-    packed[..., _PROGRAM] = _UNREACHED
-    packed[:, :, 0, _PROGRAM] = 0  # a missing segment: one row of no blocks that every program finds
+    dead = [0] * width  # a padding row: no blocks, mod, step, per_row and scale_cols 1
+    dead[GATHER_FIELDS.index("mod") :] = [1] * (width - GATHER_FIELDS.index("mod"))
+    dead[_PROGRAM] = _UNREACHED
+    missing = list(dead)  # a missing segment: one row of no blocks that every program finds
+    missing[_PROGRAM] = 0
     programs = [1] * segs
-    for b, launch in enumerate(launches):
-        for s, seg in enumerate(launch.segments):
-            packed[b, s, : seg.rows] = seg.items
-            programs[s] = max(programs[s], seg.programs)
-    # Each batch's addresses rebased, in one operation: a padding row's move too, harmlessly (it
-    # has no block to read).
-    packed[..., :3] += torch.tensor(shifts, dtype=torch.int64)[:, None, None, :]
+    flat: list[int] = []  # (batches, segments, rows, fields), built as Python ints: one tensor
+    for launch, (main, codes, scales) in zip(launches, shifts, strict=True):
+        for s in range(segs):
+            seg = launch.segments[s] if s < len(launch.segments) else None
+            assert seg is None or seg.host is not None  # made before the plan's tables are sent
+            held = seg.host if seg is not None and seg.host is not None else [missing]
+            for row in held:  # each batch's addresses rebased onto the first batch's tensors
+                flat += (row[0] + main, row[1] + codes, row[2] + scales)
+                flat += row[3:]
+            flat += dead * (table_rows - len(held))
+            if seg is not None:
+                programs[s] = max(programs[s], seg.programs)
     device = first.main.device
-    packed = packed.to(device)
+    packed = torch.tensor(flat, dtype=torch.int64).view(len(launches), segs, table_rows, width).to(device)
     segments = tuple(
         Segment(packed[0, s], table_rows, programs[s], first.segments[0].bound) for s in range(segs)
     )

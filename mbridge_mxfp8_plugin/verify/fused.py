@@ -176,12 +176,13 @@ def launch(items: Sequence[Any], round_bf16: bool, tables: Tables | None = None)
         chunks.append(-(-count // _BLOCKS_PER_PROGRAM))
     if not sum(chunks):
         return None
-    table = torch.tensor(rows, dtype=torch.int64)
-    off_div = 16 if bool((table[:, :2] % 16 == 0).all()) else 1
-    last_div = BLOCK if bool((table[:, 10] % BLOCK == 0).all()) else 1
-    table[:, :2] //= off_div
-    table[:, 10] //= last_div
-    segments = _tables.segments(table, chunks, ITEM_FIELDS.index("program"), first.main.device, tables)
+    off_div = 16 if all(r[0] % 16 == 0 and r[1] % 16 == 0 for r in rows) else 1
+    last_div = BLOCK if all(r[10] % BLOCK == 0 for r in rows) else 1
+    for r in rows:
+        r[0] //= off_div
+        r[1] //= off_div
+        r[10] //= last_div
+    segments = _tables.segments(rows, chunks, ITEM_FIELDS.index("program"), first.main.device, tables)
     return Launch(*tensors, segments, off_div, last_div, round_bf16)
 
 
@@ -258,10 +259,11 @@ def values_launch(
         chunks.append(max(-(-it.blocks.count // _BLOCKS_PER_PROGRAM), int(tail > 0)))
     if not sum(chunks):
         return None
-    table = torch.tensor(rows, dtype=torch.int64)
-    off_div = 16 if bool((table[:, :2] % 16 == 0).all()) else 1
-    table[:, :2] //= off_div
-    segments = _tables.segments(table, chunks, VALUE_FIELDS.index("program"), got0.device, tables)
+    off_div = 16 if all(r[0] % 16 == 0 and r[1] % 16 == 0 for r in rows) else 1
+    for r in rows:
+        r[0] //= off_div
+        r[1] //= off_div
+    segments = _tables.segments(rows, chunks, VALUE_FIELDS.index("program"), got0.device, tables)
     rounds = _ROUNDING[round_to], _ROUNDING[dtype]
     return ValuesLaunch(got0, main0, segments, off_div, *rounds, atol)
 
@@ -371,8 +373,7 @@ def gather_launch(
         rows.append([0, 0, 0, 0, out, 0, 0, (-out) % BLOCK, 0, 1, 1, 1, 1])
         chunks.append(1)
     bits = torch.int16 if main0.dtype.itemsize == 2 else torch.int32
-    table = torch.tensor(rows, dtype=torch.int64)
-    segments = _tables.segments(table, chunks, GATHER_FIELDS.index("program"), main0.device, tables)
+    segments = _tables.segments(rows, chunks, GATHER_FIELDS.index("program"), main0.device, tables)
     rows_dtype = round_to or main0.dtype
     own = (  # the index of its one table
         tables.zero(main0.device)
@@ -383,19 +384,19 @@ def gather_launch(
 
 
 def _offsets(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[int] | None:
-    """Each tensor's ``_offset`` from its base, or None where any is not a whole element away
-    (the three launch tables share this rule)."""
-    found = [_offset(tensor, base) for tensor, base in pairs]
-    return None if any(o is None for o in found) else found  # type: ignore[return-value]
-
-
-def _offset(tensor: torch.Tensor, base: torch.Tensor) -> int | None:
-    """Elements from ``base``'s first to ``tensor``'s first, where that is a whole number."""
-    if tensor.dtype != base.dtype or tensor.device != base.device:
-        return None
-    step = tensor.element_size()
-    diff = tensor.data_ptr() - base.data_ptr()
-    return diff // step if diff % step == 0 else None
+    """Elements from each base's first to its tensor's first, or None where any is not a whole
+    number of elements away, or of another dtype or device (the three launch tables share this
+    rule). One loop, no call per tensor: a plan's tables ask it of every item, three times."""
+    found = []
+    for tensor, base in pairs:
+        if tensor.dtype is not base.dtype or tensor.device != base.device:
+            return None
+        step = tensor.element_size()
+        diff = tensor.data_ptr() - base.data_ptr()
+        if diff % step:
+            return None
+        found.append(diff // step)
+    return found
 
 
 def differing_bytes(rows: torch.Tensor, reader: Reader, round_bf16: bool) -> int:

@@ -501,8 +501,9 @@ def test_a_plans_tables_reach_the_device_as_views_of_one_copy(monkeypatch: pytes
     kept = [fused.gather_launch(batch.items, torch.bfloat16, tables) for _ in range(2)]
     alone = fused.gather_launch(batch.items, torch.bfloat16)
     assert alone is not None and kept[0] is not None and kept[1] is not None
-    assert [s.items.shape for s in kept[0].segments] == [s.items.shape for s in alone.segments]
+    assert [s.items for one in kept if one is not None for s in one.segments] == [None] * 6  # not sent yet
     tables.upload()
+    assert [s.items.shape for s in kept[0].segments] == [s.items.shape for s in alone.segments]
     held = [s.items for one in kept if one is not None for s in one.segments]
     assert len(held) == 6 and len({t.untyped_storage().data_ptr() for t in held}) == 1
     shared = {t.untyped_storage().data_ptr() for t in held}
