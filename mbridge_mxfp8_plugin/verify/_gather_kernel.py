@@ -58,10 +58,11 @@ def _gather_items(
     batch_stride,
     ROUND_BF16: tl.constexpr,  # noqa: N803 - Triton's constexpr convention
     BLOCKS: tl.constexpr,  # noqa: N803
+    OFF_DIV: tl.constexpr,  # noqa: N803 - main and codes offsets are stored divided by it
     ROWS: tl.constexpr,  # noqa: N803 - ``_program_rows.MAX_ROWS``
 ):
     row, g, dst_row, live, real = _sampled(phase_ptr, items_ptr, rows, batch_ptr, batch_stride, BLOCKS, ROWS)
-    main = main_ptr + tl.load(row)  # element i of the item's param at main[i]
+    main = main_ptr + tl.load(row) * OFF_DIV  # element i of the item's param at main[i]
     lane = tl.arange(0, 32)
     at = (g * 32)[:, None] + lane[None, :]
     dst = (dst_row * 32)[:, None] + lane[None, :]
@@ -89,10 +90,11 @@ def _compare_items(
     batch_ptr,
     batch_stride,
     BLOCKS: tl.constexpr,  # noqa: N803
+    OFF_DIV: tl.constexpr,  # noqa: N803
     ROWS: tl.constexpr,  # noqa: N803
 ):
     row, g, out, _, real = _sampled(phase_ptr, items_ptr, rows, batch_ptr, batch_stride, BLOCKS, ROWS)
-    codes = codes_ptr + tl.load(row + 1)  # element i of the item's param at codes[i]
+    codes = codes_ptr + tl.load(row + 1) * OFF_DIV  # element i of the item's param at codes[i]
     scales = scales_ptr + tl.load(row + 2)
     per_row, scale_cols = tl.load(row + 11), tl.load(row + 12)
     lane = tl.arange(0, 32)
@@ -103,7 +105,9 @@ def _compare_items(
     want_s = tl.load(written_scales_ptr + out * written_scale_stride, mask=real, other=0)
     differing = tl.sum(tl.sum((got != want).to(tl.int32), axis=1), axis=0)
     differing += tl.sum((got_s != want_s).to(tl.int32), axis=0)
-    tl.atomic_add(count_ptr + tl.load(batch_ptr), differing)  # a template's count per batch
+    # a template's count per batch; only where something differs (programs of a whole batch
+    # adding 0 to one address queue behind each other in the cache)
+    tl.atomic_add(count_ptr + tl.load(batch_ptr), differing, mask=differing != 0)
 
 
 #: One launch each per batch segment (the items' geometry is data): nothing to specialize on the

@@ -52,7 +52,7 @@ def _te_cast_compare(
         main_ptr + base_q * BASE_DIV, codes_ptr, scales_ptr, phase_ptr, tl.program_id(0), start, lo, count,
         n, mod, step, last_q * LAST_DIV, per_row, scale_cols, rcp, ROUND_BF16, BLOCKS, LAST_DIV == 32,
     )  # fmt: skip
-    tl.atomic_add(flag_ptr + flag, bad)
+    tl.atomic_add(flag_ptr + flag, bad, mask=bad != 0)  # adding 0 would queue on one address
 
 
 def _te_cast_compare_items(
@@ -88,7 +88,7 @@ def _te_cast_compare_items(
         main, codes, scales, phase_ptr, chunk, start, lo, count, n, mod, step, last, per_row, scale_cols,
         rcp, ROUND_BF16, BLOCKS, LAST_DIV == 32,
     )  # fmt: skip
-    tl.atomic_add(flag_ptr + flag, bad)
+    tl.atomic_add(flag_ptr + flag, bad, mask=bad != 0)  # adding 0 would queue on one address
 
 
 @triton.jit

@@ -164,16 +164,18 @@ def _template(launches: list[GatherLaunch], group: list[Any]) -> Template | None
     programs = [1] * segs
     flat: list[int] = []  # (batches, segments, rows, fields), built as Python ints: one tensor
     for launch, (main, codes, scales) in zip(launches, shifts, strict=True):
+        div = launch.off_div  # its main and codes offsets are stored divided: multiplied back
         for s in range(segs):
             seg = launch.segments[s] if s < len(launch.segments) else None
-            assert seg is None or seg.host is not None  # made before the plan's tables are sent
-            held = seg.host if seg is not None and seg.host is not None else [missing]
+            held = seg.host if seg is not None else [missing]
+            assert held is not None  # a launch's host rows: made before the plan's tables are sent
             for row in held:  # each batch's addresses rebased onto the first batch's tensors
-                flat += (row[0] + main, row[1] + codes, row[2] + scales)
+                flat += (row[0] * div + main, row[1] * div + codes, row[2] + scales)
                 flat += row[3:]
             flat += dead * (table_rows - len(held))
             if seg is not None:
                 programs[s] = max(programs[s], seg.programs)
+    off_div = _divide_columns(flat, width)
     device = first.main.device
     packed = torch.tensor(flat, dtype=torch.int64).view(len(launches), segs, table_rows, width).to(device)
     segments = tuple(
@@ -181,7 +183,20 @@ def _template(launches: list[GatherLaunch], group: list[Any]) -> Template | None
     )
     blocks = max(launch.blocks for launch in launches)
     index = torch.zeros(1, dtype=torch.int64, device=device)
-    launch = replace(first, segments=segments, blocks=blocks, batch=index, batch_stride=packed[0].numel())
+    launch = replace(
+        first, segments=segments, blocks=blocks, batch=index, batch_stride=packed[0].numel(), off_div=off_div
+    )
     rows = torch.zeros((blocks + (-blocks) % 32, 32), dtype=first.rows_dtype, device=device)
     counts = torch.zeros(len(group), dtype=torch.int32, device=device)
     return Template(list(group), launch, packed, index, rows, counts)
+
+
+def _divide_columns(flat: list[int], width: int, divisor: int = 16) -> int:
+    """``fused._divide_offsets`` over rows packed flat: the main and codes columns (0 and 1) of
+    rows of ``width`` fields divided by ``divisor`` where they all divide by it."""
+    columns = flat[0::width], flat[1::width]
+    if any(x % divisor for column in columns for x in column):
+        return 1
+    flat[0::width] = [x // divisor for x in columns[0]]
+    flat[1::width] = [x // divisor for x in columns[1]]
+    return divisor

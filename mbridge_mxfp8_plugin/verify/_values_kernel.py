@@ -133,7 +133,7 @@ def _values_items(
     got, main = got_ptr + tl.load(row + 9), main_ptr + tl.load(row + 10)
     odd = _bad(got, main, lane, tail, atol, ROUND, CAST, ATOL, GOT_BF16, MAIN_BF16)
     bad += tl.sum(odd.to(tl.int32), axis=0)
-    tl.atomic_add(flag_ptr + flag, bad)
+    tl.atomic_add(flag_ptr + flag, bad, mask=bad != 0)  # adding 0 would queue on one address
 
 
 #: One launch per batch (the items' geometry is data): nothing to specialize.

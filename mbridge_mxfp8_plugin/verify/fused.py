@@ -176,12 +176,8 @@ def launch(items: Sequence[Any], round_bf16: bool, tables: Tables | None = None)
         chunks.append(-(-count // _BLOCKS_PER_PROGRAM))
     if not sum(chunks):
         return None
-    off_div = 16 if all(r[0] % 16 == 0 and r[1] % 16 == 0 for r in rows) else 1
-    last_div = BLOCK if all(r[10] % BLOCK == 0 for r in rows) else 1
-    for r in rows:
-        r[0] //= off_div
-        r[1] //= off_div
-        r[10] //= last_div
+    off_div = _divide_offsets(rows, (0, 1))
+    last_div = _divide_offsets(rows, (10,), BLOCK)
     segments = _tables.segments(rows, chunks, ITEM_FIELDS.index("program"), first.main.device, tables)
     return Launch(*tensors, segments, off_div, last_div, round_bf16)
 
@@ -259,17 +255,15 @@ def values_launch(
         chunks.append(max(-(-it.blocks.count // _BLOCKS_PER_PROGRAM), int(tail > 0)))
     if not sum(chunks):
         return None
-    off_div = 16 if all(r[0] % 16 == 0 and r[1] % 16 == 0 for r in rows) else 1
-    for r in rows:
-        r[0] //= off_div
-        r[1] //= off_div
+    off_div = _divide_offsets(rows, (0, 1))
     segments = _tables.segments(rows, chunks, VALUE_FIELDS.index("program"), got0.device, tables)
     rounds = _ROUNDING[round_to], _ROUNDING[dtype]
     return ValuesLaunch(got0, main0, segments, off_div, *rounds, atol)
 
 
 #: A row of an own-write batch's gather table (``_gather_kernel``): offsets from the first item's
-#: main shard (less the item's start), codes and scales (elements), its first program, its first
+#: main shard (less the item's start) and codes (elements, divided by the launch's ``off_div``)
+#: and scales (elements), its first program, its first
 #: row in the batch's buffers, its ``Blocks.kernel_args``, ``per_row`` and the scales' row length.
 GATHER_FIELDS = ("main", "codes", "scales", "program", "out", "start", "lo", "count", "n", "mod", "step",
                  "per_row", "scale_cols")  # fmt: skip
@@ -297,6 +291,7 @@ class GatherLaunch:
     #: elements: a template's (``_templates``); a batch's own is ``[0]`` and ``0``
     batch: torch.Tensor
     batch_stride: int = 0
+    off_div: int = 1  # the main and codes offsets are stored divided by it (``_divide_offsets``)
 
     def __call__(self, phase: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """The main rows ``(k + pad, 32)``, rounded as the gather delivers them (into ``out``
@@ -313,7 +308,7 @@ class GatherLaunch:
         for seg in self.segments:
             items_kernel[seg.grid](
                 self.main, rows.view(bits), phase, seg.items, seg.rows, self.batch, self.batch_stride,
-                ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, ROWS=seg.bound,
+                ROUND_BF16=self.round_bf16, BLOCKS=_BLOCKS_PER_PROGRAM, OFF_DIV=self.off_div, ROWS=seg.bound,
             )  # fmt: skip
         return rows
 
@@ -335,7 +330,7 @@ class GatherLaunch:
             compare_kernel[seg.grid](
                 self.codes, self.scales, codes.view(torch.uint8), scales.view(torch.uint8), scales.stride(0),
                 count, phase, seg.items, seg.rows, self.batch, self.batch_stride,
-                BLOCKS=_BLOCKS_PER_PROGRAM, ROWS=seg.bound,
+                BLOCKS=_BLOCKS_PER_PROGRAM, OFF_DIV=self.off_div, ROWS=seg.bound,
             )  # fmt: skip
         return count
 
@@ -373,6 +368,7 @@ def gather_launch(
         rows.append([0, 0, 0, 0, out, 0, 0, (-out) % BLOCK, 0, 1, 1, 1, 1])
         chunks.append(1)
     bits = torch.int16 if main0.dtype.itemsize == 2 else torch.int32
+    off_div = _divide_offsets(rows, (0, 1))
     segments = _tables.segments(rows, chunks, GATHER_FIELDS.index("program"), main0.device, tables)
     rows_dtype = round_to or main0.dtype
     own = (  # the index of its one table
@@ -380,7 +376,22 @@ def gather_launch(
         if tables is not None
         else torch.zeros(1, dtype=torch.int64, device=main0.device)
     )
-    return GatherLaunch(main0.view(bits), codes0, scales0, segments, out, rows_dtype, cast, own)
+    return GatherLaunch(
+        main0.view(bits), codes0, scales0, segments, out, rows_dtype, cast, own, off_div=off_div
+    )
+
+
+def _divide_offsets(rows: list[list[int]], columns: tuple[int, ...], divisor: int = 16) -> int:
+    """``divisor`` where every row's ``columns`` divide by it (those columns then divided), else 1.
+    The kernel multiplies them back by it as a constant: the compiler then knows a block's
+    elements are 16-aligned and loads them as vectors (a loaded offset could be anything: a
+    load per byte), without a compile per value as specializing on the integers would be."""
+    if any(r[c] % divisor for r in rows for c in columns):
+        return 1
+    for r in rows:
+        for c in columns:
+            r[c] //= divisor
+    return divisor
 
 
 def _offsets(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[int] | None:
