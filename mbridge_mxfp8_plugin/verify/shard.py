@@ -66,6 +66,7 @@ class ShardCheck:
         self.written = probed.written  # a fused key's blocks per write of the type (attribution)
         self._flags: torch.Tensor | None = None  # per call: differing bytes per fused batch
         self._flag_of: dict[int, int] = {}
+        self._count_of: dict[int, int] = {}  # own-write batch -> its count in ``_flags``
         # batch -> its one launch in a capture (fused, values or own-write gathers; None: none)
         self._launches: dict[int, _Launch] = {}
         self._tabled = 0  # planned batches whose launches are made
@@ -209,16 +210,26 @@ class ShardCheck:
 
     def _new_flags(self) -> None:
         """Zeroed counters for this call's fused and kernel-compared values batches (inside a
-        capture: in the graph's pool). A values batch on another device keeps its gathers."""
-        values = {id(b) for b in self.planned if isinstance(self._launches.get(id(b)), fused.ValuesLaunch)}
+        capture: in the graph's pool), and after them the counts of the own-write batches with a
+        ``fused.GatherLaunch`` that no template holds: one fill for them all, not one per batch
+        (a node each in the plan's graph, whose launch costs the host in proportion to its
+        nodes). A values batch on another device keeps its gathers."""
+        launches = self._launches
+        values = {id(b) for b in self.planned if isinstance(launches.get(id(b)), fused.ValuesLaunch)}
+        templated = {id(b) for t in self.templates for b in t.batches}
         live = [b for b in self.planned if b.key not in self.refused]
         batches = [b for b in live if b.key in self.fused or id(b) in values]
-        device = batches[0].items[0].main.device if batches else None
+        counted = [
+            b for b in live if id(b) not in templated and isinstance(launches.get(id(b)), fused.GatherLaunch)
+        ]
+        device = (batches or counted)[0].items[0].main.device if batches or counted else None
         batches = [b for b in batches if b.key in self.fused or b.items[0].main.device == device]
+        counted = [b for b in counted if b.items[0].main.device == device]
         self._flag_of = {id(b): i for i, b in enumerate(batches)}
+        self._count_of = {id(b): i for i, b in enumerate(counted, len(batches))}
         self._flags = None
-        if batches:
-            self._flags = torch.zeros(len(batches), dtype=torch.int32, device=device)
+        if batches or counted:
+            self._flags = torch.zeros(len(batches) + len(counted), dtype=torch.int32, device=device)
 
     def _flush_codes(self, batch: Batch) -> None:
         """Codes and scale bytes of the reference against the param's: equal bytes are equal
@@ -232,7 +243,9 @@ class ShardCheck:
         codes, scales = self.references[batch.key].codes(rows, batch.blocks)
         del rows
         if launch is not None:
-            self.verdicts.append((batch, launch.differing(codes, scales, phase)))
+            slot = self._count_of.get(id(batch))
+            count = self._flags[slot] if slot is not None and self._flags is not None else None
+            self.verdicts.append((batch, launch.differing(codes, scales, phase, count)))
             return
         got_codes, got_scales = got_bytes(batch)
         self.verdicts.append((batch, batches.bytes_differ(codes, got_codes)))
