@@ -14,11 +14,12 @@ from typing import Any
 import torch
 
 from . import fused
+from ._crafted import crafted_rows
 from .batches import Item, padded_rows, rounded
-from .read import BLOCK, reader_for
+from .read import BLOCK, Blocks, Reader, reader_for
 from .reference import PROBE_ROWS, Reference, make_reference, self_check
 
-__all__ = ["Probed", "Refused", "why_type"]
+__all__ = ["Probed", "Refused", "differing_bytes", "why_type"]
 
 #: Extra bytes per compared element at a batch's peak where values are compared (bf16 params,
 #: value-holding MXFP8 types): both sides, the reference instance and its cast's temporaries
@@ -121,15 +122,27 @@ def _agrees_with_fused(
         rounding = round_to is not None
         reader = reader_for(small)
         main = item.blocks.part(0, n).take(item.main, -item.start)
-        if isinstance(reader, str) or fused.differing_bytes(main, reader, rounding):
+        if isinstance(reader, str) or differing_bytes(main, reader, rounding):
             return False
-        crafted = fused.crafted_rows(item.main.device)
+        crafted = crafted_rows(item.main.device)
         instance = reference._empty((crafted.shape[0], BLOCK), crafted.device)
         reference.write(instance, rounded(crafted, round_to))
         reader = reader_for(instance)
-        return not isinstance(reader, str) and fused.differing_bytes(crafted, reader, rounding) == 0
+        return not isinstance(reader, str) and differing_bytes(crafted, reader, rounding) == 0
     except Exception:  # noqa: BLE001 - the type's own write path stays the reference
         return False
+
+
+def differing_bytes(rows: torch.Tensor, reader: Reader, round_bf16: bool) -> int:
+    """Bytes of an instance read by ``reader`` (holding ``rows``, ``(k, 32)``, as written by its
+    own type) that differ from the kernel's cast of ``rows``: 0 means the kernel agrees with the
+    type there. Syncs (plan time only)."""
+    rows = rows.contiguous()
+    flags = torch.zeros(1, dtype=torch.int32, device=rows.device)
+    blocks = Blocks(last=BLOCK, start=0, count=rows.shape[0], step=1)
+    phase = torch.zeros((), dtype=torch.int64, device=rows.device)
+    fused.compare(rows.reshape(-1), 0, reader, blocks, round_bf16, flags, 0, phase)
+    return int(flags.item())
 
 
 def _allocated(device: torch.device) -> int | None:

@@ -19,6 +19,7 @@ import torch
 
 from . import batches, fused, graphs
 from ._attribute import Attribution
+from ._flags import new_flags
 from ._templates import Template, capture_all, plan_templates, replay_all
 from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, pack, sides
 from .probe import Probed, Refused, why_type
@@ -209,27 +210,10 @@ class ShardCheck:
         self._tabled = len(self.planned)
 
     def _new_flags(self) -> None:
-        """Zeroed counters for this call's fused and kernel-compared values batches (inside a
-        capture: in the graph's pool), and after them the counts of the own-write batches with a
-        ``fused.GatherLaunch`` that no template holds: one fill for them all, not one per batch
-        (a node each in the plan's graph, whose launch costs the host in proportion to its
-        nodes). A values batch on another device keeps its gathers."""
-        launches = self._launches
-        values = {id(b) for b in self.planned if isinstance(launches.get(id(b)), fused.ValuesLaunch)}
-        templated = {id(b) for t in self.templates for b in t.batches}
-        live = [b for b in self.planned if b.key not in self.refused]
-        batches = [b for b in live if b.key in self.fused or id(b) in values]
-        counted = [
-            b for b in live if id(b) not in templated and isinstance(launches.get(id(b)), fused.GatherLaunch)
-        ]
-        device = (batches or counted)[0].items[0].main.device if batches or counted else None
-        batches = [b for b in batches if b.key in self.fused or b.items[0].main.device == device]
-        counted = [b for b in counted if b.items[0].main.device == device]
-        self._flag_of = {id(b): i for i, b in enumerate(batches)}
-        self._count_of = {id(b): i for i, b in enumerate(counted, len(batches))}
-        self._flags = None
-        if batches or counted:
-            self._flags = torch.zeros(len(batches) + len(counted), dtype=torch.int32, device=device)
+        """This call's zeroed counters and each batch's slot in them (``_flags``)."""
+        self._flag_of, self._count_of, self._flags = new_flags(
+            self.planned, self._launches, self.templates, self.fused, self.refused
+        )
 
     def _flush_codes(self, batch: Batch) -> None:
         """Codes and scale bytes of the reference against the param's: equal bytes are equal

@@ -25,6 +25,8 @@ from harness.fused_batches import (
 )
 
 from mbridge_mxfp8_plugin.verify import fused
+from mbridge_mxfp8_plugin.verify._crafted import crafted_rows
+from mbridge_mxfp8_plugin.verify.probe import differing_bytes
 from mbridge_mxfp8_plugin.verify.read import BLOCK, Blocks, Reader
 
 pytestmark = pytest.mark.skipif(
@@ -88,12 +90,12 @@ def test_nan_on_both_sides_is_equal_whatever_its_sign(sign: float) -> None:
 
 
 def test_crafted_blocks_agree_with_the_te_rule() -> None:
-    rows = fused.crafted_rows("cpu")
+    rows = crafted_rows("cpu")
     assert rows.shape[0] % BLOCK == 0
     assert torch.equal(rows, rows.to(torch.bfloat16).float())  # bf16-exact: rounding changes nothing
     reader, _, _ = te_reader(rows.to(torch.bfloat16))
-    assert fused.differing_bytes(rows, reader, round_bf16=True) == 0
-    assert fused.differing_bytes(rows, reader, round_bf16=False) == 0
+    assert differing_bytes(rows, reader, round_bf16=True) == 0
+    assert differing_bytes(rows, reader, round_bf16=False) == 0
 
 
 def test_counts_every_changed_code_and_scale_byte() -> None:
@@ -136,13 +138,13 @@ def _ocp_floor(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_other_rules_differ_on_the_crafted_blocks() -> None:
     """What keeps a type with another rule on its own write path: the gate's crafted blocks."""
-    rows = fused.crafted_rows("cpu")
+    rows = crafted_rows("cpu")
     codes, scales = _ocp_floor(rows)
     ocp = Reader(codes, scales, 1, torch.float8_e4m3fn)
-    assert fused.differing_bytes(rows, ocp, round_bf16=True) > 0
+    assert differing_bytes(rows, ocp, round_bf16=True) > 0
     unit = rows.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1)
     stand_in = Reader(unit, torch.full((rows.shape[0],), 127, dtype=torch.uint8), 1, torch.float8_e4m3fn)
-    assert fused.differing_bytes(rows, stand_in, round_bf16=True) > 0
+    assert differing_bytes(rows, stand_in, round_bf16=True) > 0
 
 
 def test_usable_only_for_layouts_it_reads() -> None:

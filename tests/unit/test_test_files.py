@@ -43,6 +43,8 @@ PRIVATE = {
     "probes._summary": "probes.fields",  # test_fields.py's summary-cache tests
     "testing._registry": "testing.emulated_mxfp8",  # test_emulated_mxfp8.py's registration test
     "verify._attribute": "verify.shard",  # naming a failed batch's params (test_shard's failures)
+    "verify._crafted": "verify.probe",  # the fused kernel's gate blocks (test_fused's agreement tests)
+    "verify._flags": "verify.shard",  # a call's one zeroed flags tensor (test_graphs' few-batch plans)
     "verify._gather_kernel": "verify.fused",  # the own-write batches' gathers (fused.GatherLaunch)
     "verify._program_rows": "verify.fused",  # a program's item row (every launch's segments)
     "verify._tables": "verify.fused",  # the launches' tables and their one copy to the device
