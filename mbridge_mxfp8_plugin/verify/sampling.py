@@ -121,16 +121,30 @@ class Phase:
     def __init__(self, stride: int, offset: int = 0) -> None:
         self.stride = stride
         self.value = offset % stride
+        self._held = self.value  # what the tensors hold (the next call's phase after ``advance``)
         self._tensors: dict[torch.device, torch.Tensor] = {}
         self._ramps: dict[torch.device, torch.Tensor] = {}
         self._run: dict[Any, torch.Tensor] = {}  # this run's remainders of the phase
         self._local: dict[Any, torch.Tensor] = {}  # the current batch's indices, by geometry
 
     def set(self, offset: int) -> None:
-        """The phase of the next run (a fill on the device: no sync)."""
-        value = offset % self.stride
-        if value != self.value:
-            self.value = value
+        """The phase of the next run (a fill on the device where the tensors hold another: no
+        sync)."""
+        self.value = offset % self.stride
+        self._fill(self.value)
+
+    def advance(self) -> None:
+        """Ready the tensors for the call after this one, queued behind this call's replay, which
+        has read them: the default offset is the call count, so the next call's phase is this
+        one's plus one, and its ``set`` then launches nothing before its replay (a fill launch
+        is about 8 us of the host's, on the critical path there, hidden here under the GPU's
+        work). Another offset is filled by its ``set`` as before. The host's ``value`` stays
+        this call's: what is left of it (attribution, the counts) is host arithmetic."""
+        self._fill((self.value + 1) % self.stride)
+
+    def _fill(self, value: int) -> None:
+        if value != self._held:
+            self._held = value
             for tensor in self._tensors.values():
                 tensor.fill_(value)
 
@@ -139,6 +153,7 @@ class Phase:
         A plan of one phase (``stride`` 1) needs no ramp: nothing computes indices from it (a
         full check's would hold 8 bytes per block of its largest batch, about 2 MiB)."""
         if device not in self._tensors:
+            self._fill(self.value)  # the others hold this phase too (plan time: a run reads them)
             self._tensors[device] = torch.full((), self.value, dtype=torch.int64, device=device)
         if self.stride == 1:
             return

@@ -111,6 +111,7 @@ class ShardCheck:
     def _replay(self) -> None:
         self.graph.replay()
         replay_all(self.templates)
+        self.phase.advance()  # behind what reads it: the next call's phase, off its critical path
 
     def abandon(self) -> None:
         """Forget a launched replay that will not be read (its layout changed), once it is done:

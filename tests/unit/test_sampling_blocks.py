@@ -187,3 +187,29 @@ def test_phased_runs_are_the_host_arithmetics_at_every_phase(stride: int) -> Non
                 assert got.shape[0] in (old.count, old.count + 1)
                 got, want = blocks.take(flat[s:e], -s), old.take(flat[s:e], -s)
                 assert torch.equal(got[: old.count], want)
+
+
+def test_a_phase_advanced_behind_a_replay_is_the_next_calls_with_no_fill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The phase tensor is readied for the call after a replay (``Phase.advance``, queued behind
+    it), so a job's next call, at the next offset, launches nothing before its replay; the
+    replayed call's own host phase stays; any other offset is filled as before."""
+    from mbridge_mxfp8_plugin.verify.sampling import Phase
+
+    fills: list[int] = []
+    fill = torch.Tensor.fill_
+    monkeypatch.setattr(torch.Tensor, "fill_", lambda t, v: (fills.append(int(v)), fill(t, v))[1])
+    cpu = torch.device("cpu")
+    phase = Phase(16, 15)
+    phase.reserve(cpu, 4)
+    held = phase.tensor(cpu)
+    phase.advance()  # after the call at offset 15: the next is 16, phase 0
+    assert (phase.value, int(held), fills) == (15, 0, [0])
+    phase.set(16)
+    assert (phase.value, int(held), fills) == (0, 0, [0])  # nothing launched
+    phase.advance()
+    phase.set(7)  # not the next offset: filled
+    assert (phase.value, int(held), fills) == (7, 7, [0, 1, 7])
+    phase.set(7)  # the same phase again, held already
+    assert fills == [0, 1, 7]
