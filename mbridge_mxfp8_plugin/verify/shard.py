@@ -19,7 +19,7 @@ import torch
 
 from . import batches, fused, graphs
 from ._attribute import Attribution
-from ._flags import new_flags
+from ._flags import new_flags, stack_verdicts
 from ._templates import Template, capture_all, plan_templates, replay_all
 from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, pack, sides
 from .probe import Probed, Refused, why_type
@@ -339,7 +339,8 @@ class ShardCheck:
                 self._capturing = False
             if not self.verdicts:  # every batch in a template: a graph of one fill, not an empty one
                 return torch.zeros(1, dtype=torch.int32, device=self.planned[0].items[0].main.device)
-            return torch.stack([v for _, v in self.verdicts])
+            self.verdicts, verdicts = stack_verdicts(self.verdicts, self._flags)
+            return verdicts
 
         paths = () if tentative else self._write_paths()
         try:
@@ -398,7 +399,7 @@ class ShardCheck:
         if stacked is not None and self.templates:  # the graph's verdicts, then the templates' counts
             stacked = torch.cat([stacked, *(t.counts for t in self.templates)])
         if stacked is None and self.verdicts:
-            stacked = torch.stack([d for _, d in self.verdicts])
+            self.verdicts, stacked = stack_verdicts(self.verdicts, self._flags)
         self._tally_checked()
         if stacked is not None:
             failed = stacked.tolist()

@@ -296,3 +296,22 @@ def test_a_sampled_check_writes_once_per_batch_across_params(
     assert all(len({it.slot for it in b.items}) >= 8 for b in check.planned)  # many params a batch
     assert len(rows) == stride * batches, rows  # one write per batch per call
     assert sum(rows) == stride * count * 512 // stride  # only the sampled rows (whole 32-row tiles)
+
+
+def test_verdicts_that_fill_the_flags_are_read_from_them_without_a_copy() -> None:
+    """``_flags.stack_verdicts``: verdicts that are each their own slot of the call's flags, and
+    fill it, are that tensor (no stack kernel, no graph node), put in slot order; any other
+    verdict (a copy, a slot twice, another tensor) gets a stack, in the verdicts' own order."""
+    from mbridge_mxfp8_plugin.verify._flags import stack_verdicts
+
+    flags = torch.tensor([3, 0, 5], dtype=torch.int32)
+    batches = [object(), object(), object()]
+    verdicts = [(batches[0], flags[2]), (batches[1], flags[0]), (batches[2], flags[1])]
+    ordered, one = stack_verdicts(verdicts, flags)  # type: ignore[arg-type]
+    assert one is flags and [b for b, _ in ordered] == [batches[1], batches[2], batches[0]]
+    assert [int(v) for _, v in ordered] == one.tolist()
+    for other in ([flags[2], flags[0], flags[1].clone()], [flags[0], flags[0], flags[1]]):
+        same, copied = stack_verdicts(list(zip(batches, other, strict=True)), flags)  # type: ignore[arg-type]
+        assert copied is not flags and same[0][0] is batches[0]
+        assert copied.tolist() == [int(v) for v in other]
+    assert stack_verdicts([(batches[0], flags[0])], flags)[1] is not flags  # not every slot
