@@ -5,7 +5,9 @@ and each kernel's time per call, from the chrome traces ``verify_te`` writes
 The host profile says what Python costs and the steady timings what a call costs; neither says
 which of the two a call waits for. The timeline does: how long the host works before the first
 launch, how long the GPU sits idle between a launch and its first kernel, what runs after the
-big compare and before the verdict reaches the host.
+big compare and before the verdict reaches the host. A trace written with ``VERIFY_TRACE_PYTHON=1``
+(torch's Python tracer on: slower calls, so only for where the host's time goes) also holds the
+Python functions; ``--python`` lists the plugin's, nested, on the same clock.
 
     python benchmarks/trace_timeline.py benchmarks/results/verify_te_launch_first/profiled/s16_fused.json.gz
 """
@@ -38,7 +40,25 @@ def _gpu_of(calls: list[dict[str, Any]], i: int, gpu: list[dict[str, Any]]) -> l
     return [e for e in gpu if calls[i]["ts"] <= e["ts"] < after]
 
 
-def timeline(path: Path, call: int) -> str:
+def python_calls(events: list[dict[str, Any]], t0: float, end: float, prefix: str, least: float) -> list[str]:
+    """The Python functions of ``prefix`` (a path part) in ``[t0, end]`` lasting ``least`` us or
+    more, in time order, indented by how many of the shown ones enclose them."""
+    calls = sorted(
+        (e for e in events if e.get("cat") == "python_function" and prefix in e.get("name", "")
+         and t0 <= e["ts"] <= end and e["dur"] >= least),
+        key=lambda e: (e["ts"], -e["dur"]),
+    )  # fmt: skip
+    lines, open_ends = [], list[float]()
+    for e in calls:
+        while open_ends and open_ends[-1] <= e["ts"]:
+            open_ends.pop()
+        name = e["name"].split(prefix, 1)[-1].lstrip("/")
+        lines.append(f"{e['ts'] - t0:8.1f} {e['dur']:7.1f}  {'  ' * len(open_ends)}{name[:80]}")
+        open_ends.append(e["ts"] + e["dur"])
+    return lines
+
+
+def timeline(path: Path, call: int, python: str = "") -> str:
     """Call ``call``'s CUDA runtime calls and GPU events (microseconds from the call's start; a
     kernel's ``idle`` is the GPU's gap since the previous one ended), then every kernel's mean
     time per call over all calls."""
@@ -62,6 +82,10 @@ def timeline(path: Path, call: int) -> str:
             last_end = e["ts"] + e["dur"]
         lines.append(f"{e['ts'] - t0:8.1f} {e['dur']:7.1f}  {e['cat']:12s} {idle:>15s}  {e['name'][:64]}")
     lines.append(f"{mark['dur']:8.1f}          the call returns")
+    if python:
+        shown_py = python_calls(events, t0, end, python, least=1.0)
+        lines.append(f"Python functions of {python} (1 us or more), in us from the call's start:")
+        lines += shown_py or ["  none in this trace (write it with VERIFY_TRACE_PYTHON=1)"]
     per: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
     for i in range(len(calls)):
@@ -78,11 +102,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="+", type=Path)
     parser.add_argument("--call", type=int, default=3, help="which call's timeline (default 3: steady)")
+    parser.add_argument("--python", nargs="?", const="mbridge_mxfp8_plugin", default="", metavar="PATH_PART",
+                        help="also list the call's Python functions whose file path holds PATH_PART "
+                             "(default: the plugin's); needs a trace written with VERIFY_TRACE_PYTHON=1")  # fmt: skip
     args = parser.parse_args()
     shown = []
     for path in args.traces:
         try:
-            shown.append(timeline(path, args.call))
+            shown.append(timeline(path, args.call, args.python))
         except (OSError, EOFError, ValueError) as exc:  # JSONDecodeError and gzip's errors included
             parser.error(f"{path}: not a readable chrome trace ({type(exc).__name__}: {exc}); "
                          "write one with VERIFY_PROFILE=<key> VERIFY_TRACE_DIR=<dir>")  # fmt: skip

@@ -338,7 +338,8 @@ def _profile(check: Any, key: str, calls: int = 20, fresh: bool = False) -> None
     if torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile, record_function
 
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as gpu:
+        stacks = os.environ.get("VERIFY_TRACE_PYTHON") == "1"  # Python functions in the trace too
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stacks) as gpu:
             for _ in range(calls):
                 if fresh:
                     _fresh()

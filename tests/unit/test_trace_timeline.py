@@ -66,3 +66,35 @@ def test_a_file_that_is_not_a_trace_is_named_with_how_to_write_one(tmp_path: Pat
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "notes.txt: not a readable chrome trace" in err and "VERIFY_TRACE_DIR" in err
+
+
+def test_the_python_functions_of_a_call_are_listed_nested_on_its_clock(tmp_path: Path) -> None:
+    """A trace written with the Python tracer on (``VERIFY_TRACE_PYTHON=1``) holds
+    ``python_function`` events; ``--python`` lists the plugin's within the call, indented by the
+    shown ones enclosing them, none shorter than 1 us and none of other packages."""
+    path = tmp_path / "t.json.gz"
+    plugin = "x/mbridge_mxfp8_plugin/verify/"
+    events = [
+        _event("verify_weights call", "user_annotation", 1000.0, 300.0),
+        _event(plugin + "weights.py(120): verify_weights", "python_function", 1002.0, 290.0),
+        _event(plugin + "weights.py(267): _replay_early", "python_function", 1005.0, 40.0),
+        _event(plugin + "shard.py(105): launch", "python_function", 1030.0, 12.0),
+        _event(plugin + "report.py(9): tiny", "python_function", 1050.0, 0.5),
+        _event("x/torch/cuda/graphs.py(137): replay", "python_function", 1031.0, 10.0),
+        _event(plugin + "shard.py(376): finish", "python_function", 1100.0, 150.0),
+        _event(plugin + "shard.py(376): finish", "python_function", 1500.0, 9.0),  # after the call
+    ]
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    module = _module()
+    lines = module.timeline(path, call=0, python="mbridge_mxfp8_plugin").splitlines()
+    head = "Python functions of mbridge_mxfp8_plugin (1 us or more), in us from the call's start:"
+    shown = lines[lines.index(head) + 1 : lines.index("GPU time per call (mean over the calls), by kernel:")]
+    assert [line[18:] for line in shown] == [
+        "verify/weights.py(120): verify_weights",
+        "  verify/weights.py(267): _replay_early",
+        "    verify/shard.py(105): launch",
+        "  verify/shard.py(376): finish",
+    ]
+    assert shown[2].split()[:2] == ["30.0", "12.0"]
+    assert "Python functions" not in module.timeline(path, call=0)  # only when asked
