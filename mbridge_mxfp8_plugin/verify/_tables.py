@@ -9,7 +9,9 @@ waited for. ``Tables`` holds them until the plan has made them all.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import torch
@@ -56,20 +58,32 @@ class Tables:
         self._held.append((segment, device))
         return segment
 
+    def discard(self, segments: Iterable[Segment]) -> None:
+        """Forget ``segments`` unsent: tables no launch will read."""
+        drop = {id(s) for s in segments}
+        if drop:
+            self._held = [(s, device) for s, device in self._held if id(s) not in drop]
+
     def upload(self) -> None:
-        """Every held table to its device, as views of one tensor made from every row at once."""
-        by_device: dict[Any, list[Segment]] = {}
+        """Every held table to its device, as views of one tensor made from every row at once,
+        cut in one call per row width (a slice and a view per segment in Python cost more than
+        the copy: a full 4B check's plan holds a few hundred to a few thousand)."""
+        by_device: dict[Any, dict[int, list[Segment]]] = {}
         for segment, device in self._held:
-            by_device.setdefault(torch.device(device), []).append(segment)
-        for device, held in by_device.items():
-            flat = [v for s in held for row in s.host or () for v in row]
-            sent = torch.tensor(flat, dtype=torch.int64).to(device)
+            assert segment.host is not None
+            widths = by_device.setdefault(torch.device(device), {})
+            widths.setdefault(len(segment.host[0]), []).append(segment)
+        for device, widths in by_device.items():
+            held = [s for group in widths.values() for s in group]  # one width after another
+            rows = chain.from_iterable(s.host or () for s in held)
+            sent = torch.tensor(list(chain.from_iterable(rows)), dtype=torch.int64).to(device)
             at = 0
-            for s in held:
-                assert s.host is not None
-                size = s.rows * len(s.host[0])
-                s.items, s.host = sent[at : at + size].view(s.rows, -1), None
-                at += size
+            for width, group in widths.items():
+                count = sum(s.rows for s in group)
+                views = sent[at : at + count * width].view(count, width).split([s.rows for s in group])
+                for s, items in zip(group, views, strict=True):
+                    s.items, s.host = items, None
+                at += count * width
         self._held.clear()
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from . import graphs
-from ._tables import Segment
+from ._tables import Segment, Tables
 from .fused import GATHER_FIELDS, GatherLaunch, _offsets
 
 __all__ = ["Template", "capture_all", "plan_templates", "replay_all"]
@@ -115,14 +115,18 @@ def replay_all(templates: Sequence[Template]) -> None:
         t.replay()
 
 
-def plan_templates(planned: Sequence[Any], launches: dict[int, Any]) -> list[Template]:
+def plan_templates(
+    planned: Sequence[Any], launches: dict[int, Any], tables: Tables | None = None
+) -> list[Template]:
     """A template per key with more than ``_GROUP`` batches that all have a ``GatherLaunch`` of
     one base (their addresses a whole number of elements from the first batch's), made at plan
     time from the launches' tables while they are still on the host; other batches stay in the
     plan's graph. A key of ``_GROUP`` batches or fewer records as many writes either way, and in
     the plan's graph it costs no graph launch and fills of its own; but a launch's host time grows
     with its graph's nodes, so that cost mostly moves into the plan's graph's launch (at 1B, side by
-    side: 0.97-1.04x at 1/16, 0.91x at 1/64; docs/verify.md)."""
+    side: 0.97-1.04x at 1/16, 0.91x at 1/64; docs/verify.md). A templated batch's own launch
+    leaves ``launches`` and its table ``tables`` unsent: its rows are in the template's table, and
+    nothing launches it alone (a full 4B check's plan: a few thousand tables sent for nothing)."""
     by_key: dict[Any, list[Any]] = {}
     for batch in planned:
         if isinstance(launches.get(id(batch)), GatherLaunch):
@@ -133,6 +137,9 @@ def plan_templates(planned: Sequence[Any], launches: dict[int, Any]) -> list[Tem
             one = _template([launches[id(b)] for b in group], group)
             if one is not None:
                 made.append(one)
+    unsent = [s for t in made for b in t.batches for s in launches.pop(id(b)).segments]
+    if tables is not None:
+        tables.discard(unsent)
     return made
 
 

@@ -32,6 +32,7 @@ tensors in Triton's interpreter (the tests do that).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Iterable, Sequence
@@ -66,9 +67,16 @@ _BLOCKS_PER_PROGRAM = 64
 
 def available(device: torch.device) -> bool:
     """Whether this module's kernels can run on ``device`` here."""
-    if os.environ.get("MXFP8_VERIFY_TRITON", "1") == "0" or importlib.util.find_spec("triton") is None:
+    if os.environ.get("MXFP8_VERIFY_TRITON", "1") == "0" or not _triton_installed():
         return False
     return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    """Asked once per process (a plan asks ``available`` per batch: a few thousand at a full 4B
+    check); the switches stay live."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def usable(reader: Reader, round_to: torch.dtype | None, main: torch.Tensor) -> bool:

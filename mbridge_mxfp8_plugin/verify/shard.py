@@ -205,7 +205,7 @@ class ShardCheck:
                 continue
             made[id(batch)] = one
         if made and graphs.on_cuda(self.planned[0].items[0].main) and not graphs.refusal(self._write_paths()):
-            self.templates = plan_templates(self.planned, made)  # its tables still on the host
+            self.templates = plan_templates(self.planned, made, tables)  # its tables still on the host
         tables.upload()  # before any launch is kept: none reads a table still on the host
         self._launches.update(made)
         self._tabled = len(self.planned)

@@ -305,7 +305,7 @@ def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by
     monkeypatch.setattr(graphs, "on_cuda", lambda tensor: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     if templates == "off":
-        monkeypatch.setattr(shard, "plan_templates", lambda planned, made: [])
+        monkeypatch.setattr(shard, "plan_templates", lambda planned, made, tables: [])
     if templates == "grouped":
         monkeypatch.setattr(_templates, "_GROUP", 2)
     writes, recorded, made = [0], [], []
@@ -323,11 +323,12 @@ def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by
         return made[-1], out
 
     monkeypatch.setattr(reference.Reference, "codes", counted)
-    tabled, gather_launch = [0], fused.gather_launch
+    tabled, gather_launch, launched = [0], fused.gather_launch, {}
 
     def tabling(*args: Any, **kwargs: Any) -> Any:
         tabled[0] += 1
-        return gather_launch(*args, **kwargs)
+        launched[id(args[0][0])] = one = gather_launch(*args, **kwargs)  # by the batch's first item
+        return one
 
     monkeypatch.setattr(fused, "gather_launch", tabling)
     monkeypatch.setattr(graphs, "capture", capture)
@@ -344,6 +345,13 @@ def test_an_own_write_key_of_many_batches_is_recorded_once_and_replayed_batch_by
     assert len(check.templates) == int(templated)
     assert templates != "few" or stride == 1 or batches <= group  # the case it pins
     assert recorded == ([0, group, *rest] if templated else [batches])  # the plan's graph keeps none
+    # A templated batch's own tables are never sent (its rows are in the template's), and it has
+    # no launch of its own to be taken for one; every other batch's tables are on the device.
+    templated_items = {id(b.items[0]) for t in check.templates for b in t.batches}
+    alone = {id(b.items[0]) for b in check.planned} - templated_items
+    sent = {i: all(s.items is not None for s in one.segments) for i, one in launched.items()}
+    assert sent == {i: i in alone for i in launched}, sent
+    assert all(id(b) not in check._launches for t in check.templates for b in t.batches)
     (_, wide, _), (_, ragged, _) = params
     wide._rowwise_scale_inv[100, 11] += 1  # block 1611: phase 11, in wide's fourth batch at 1/16
     ragged._rowwise_scale_inv[2, 1] += 1  # block 7: phase 7, in the plan's last, shorter batch
