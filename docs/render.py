@@ -481,6 +481,18 @@ def verify_te_ratio() -> str:
     )
 
 
+#: ``benchmarks/plan_tables.py``'s side-by-side run of a plan's tables on the host.
+PLAN_TABLES = ROOT / "benchmarks" / "results" / "plan_tables" / "plan_tables.json"
+
+
+def plan_tables() -> str:
+    """Per case, the run's now / before ratios (their span over the rounds) and the batches."""
+    cases = json.loads(PLAN_TABLES.read_text())["cases"]
+    return ", ".join(
+        f"{_xspan(case['now_over_before'])}x at {case['batches']:,} batches" for case in cases.values()
+    )
+
+
 def verify_sampled_vs_full() -> str:
     """What the sampled check costs next to the full one in the latest run, per path (three
     decimals: the target is 0.1)."""
@@ -576,6 +588,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "verify-first-call": verify_first_call,
         "verify-sampled-ms": verify_sampled_ms,
         "verify-peak": verify_peak,
+        "plan-tables": plan_tables,
     },
     "docs/layout.md": {"layers": layers_table},
     "docs/check.md": {
