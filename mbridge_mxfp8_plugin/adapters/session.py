@@ -80,6 +80,12 @@ class Session:
         self._disabled_logged = self._owner_logged = False
         self._unreadable_types_warned: set[str] = set()
         self.forget_engine()
+        if self.options.verify_weights:
+            # Triton's per-process start-up while the job builds its model, not at the
+            # train-start warm-up where every rank waits (``verify.triton_startup``).
+            from ..verify import triton_startup
+
+            triton_startup.start()
 
     def forget_engine(self) -> None:
         """Drop the engine and everything learned about the chunks (a new job, an unpickled callback)."""
@@ -296,8 +302,9 @@ class Session:
         log_rank_zero(
             logging.INFO,
             "MXFP8 weight check prepared at train start in %.2f s (its plan, probes, kernel compile "
-            "and, on a GPU, CUDA-graph recording); the checks at evals and saves replay it",
+            "and, on a GPU, CUDA-graph recording)%s; the checks at evals and saves replay it",
             self.prepared_s,
+            _startup_note(),
         )
         self._warn_unreadable_types(report)  # NOT CHECKED is said there, once per type
         if not report.ok and report.verdict != "not checked":
@@ -329,6 +336,22 @@ class Session:
     def record(self, event: str, stats: SyncStats) -> None:
         self.last_stats = stats
         self.history.append((event, stats))
+
+
+def _startup_note() -> str:
+    """What Triton's background start-up (``verify.triton_startup``) took, for the warm-up's log
+    line: empty where it did not run."""
+    from ..verify import triton_startup
+
+    done = triton_startup.state()
+    if not done.started or done.seconds is None:
+        return ""
+    if done.error:
+        return f"; Triton's start-up in the background failed ({done.error}), paid here instead"
+    return (
+        f"; Triton's start-up ran in the background since setup ({done.seconds:.2f} s, "
+        f"{done.waited_s:.2f} s of it waited for)"
+    )
 
 
 class FromSession(Generic[_T]):

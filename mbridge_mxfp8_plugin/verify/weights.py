@@ -31,6 +31,7 @@ from .replica import fold_sources, group_size, reduce_folds, row_sums
 from .report import WeightReport
 from .sampling import stride_of
 from .shard import ShardCheck
+from .triton_startup import wait as _startup_done
 
 __all__ = ["verify_weights"]
 
@@ -152,6 +153,7 @@ def verify_weights(
     corrupt are the ones it could not vouch for.
     """
     t0 = time.perf_counter()
+    _startup_done()  # no kernel launch while Triton's background start-up runs (``triton_startup``)
     stride = stride_of(sample)
     if offset is None:
         offset = next(_CALLS)
