@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -246,3 +247,21 @@ def core_env(path: str, **extra: str) -> dict[str, str]:
         NO_VCS_VERSION="1",
         **extra,
     )
+
+
+# ------------------------------------------------------------------------ two checkouts
+def side_by_side(before: str, script: str, worker_args: list[str], rounds: int) -> dict[str, list[Any]]:
+    """``script --worker *worker_args``'s JSON result against an older checkout (``before``: a
+    directory holding an older ``mbridge_mxfp8_plugin``, made with ``git archive <rev>
+    mbridge_mxfp8_plugin | tar x -C DIR``) and this one, each in its own process, the two
+    alternating for ``rounds`` rounds, so that the machine's drift falls on both: per side, one
+    result a round."""
+    sides = {"before": str(Path(before).resolve()), "now": str(REPO)}
+    seen: dict[str, list[Any]] = {side: [] for side in sides}
+    for _ in range(rounds):
+        for side, path in sides.items():
+            env = dict(os.environ, PYTHONPATH=path, NO_VCS_VERSION="1")
+            cmd = [sys.executable, script, "--worker", *worker_args]
+            done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+            seen[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return seen

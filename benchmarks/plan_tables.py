@@ -21,13 +21,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _job import REPO, pyplot
+from _job import REPO, pyplot, side_by_side
 
 #: (params of 64 x 512, batch budget in bytes): about 7,700 and 550 own-write batches
 CASES = {"7.7k batches": (240, 12 << 10), "550 batches": (240, 256 << 10)}
@@ -72,7 +71,6 @@ def worker(params: int, budget: int, reps: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    sides = {"before": str(Path(args.before).resolve()), "now": str(REPO)}
     out: dict[str, Any] = {
         "cases": {},
         "rounds": args.rounds,
@@ -80,17 +78,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "before": args.label or args.before,
     }
     for case, (params, budget) in CASES.items():
-        seen: dict[str, list[float]] = {side: [] for side in sides}
-        batches = 0
-        for _ in range(args.rounds):
-            for side, path in sides.items():
-                env = dict(os.environ, PYTHONPATH=path, NO_VCS_VERSION="1")
-                cmd = [sys.executable, __file__, "--worker", str(params), str(budget), str(args.reps)]
-                res = json.loads(
-                    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-                )
-                seen[side].append(res["median_s"])
-                batches = res["batches"]
+        worker_args = [str(params), str(budget), str(args.reps)]
+        runs = side_by_side(args.before, __file__, worker_args, args.rounds)
+        seen = {side: [r["median_s"] for r in results] for side, results in runs.items()}
+        batches = runs["now"][-1]["batches"]
         ratios = [now / before for now, before in zip(seen["now"], seen["before"], strict=True)]
         out["cases"][case] = {"batches": batches, "median_s": seen, "now_over_before": ratios}
         print(

@@ -218,9 +218,10 @@ def _present(owners: list[Any], values: list[list[Any]]) -> list[_Group]:
 
 
 def _pointers(tensors: list[Any], addressed: list[Any]) -> list[int]:
-    """``data_ptr`` of every tensor with storage, in order (None, and types seen without
-    storage, are left out; their objects are in the fingerprint already); those tensors are
-    appended to ``addressed``."""
+    """``data_ptr`` of every tensor with storage, in order (None, types seen without storage,
+    and tensors at address 0 (a wrapper that reports no data, an empty tensor: nothing is read
+    through them) are left out; their objects are in the fingerprint already); those tensors
+    are appended to ``addressed``, which a kept graph's launch guard reads at every call."""
     no_storage = _NO_STORAGE
     kept = list(filter(_NOT_NONE, tensors))
     if no_storage:
@@ -237,6 +238,9 @@ def _pointers(tensors: list[Any], addressed: list[Any]) -> list[int]:
                 if isinstance(tensor, torch.Tensor) and type(tensor) not in _PLAIN:
                     no_storage.add(type(tensor))
         kept = fine
+    if 0 in out:
+        kept = [t for t, ptr in zip(kept, out, strict=True) if ptr]
+        out = [ptr for ptr in out if ptr]
     addressed.extend(kept)
     return out
 

@@ -133,6 +133,12 @@ class WeightReport:
     def count_path(self, path: str, params: int = 1) -> None:
         self.reference_paths[path] = self.reference_paths.get(path, 0) + params
 
+    def add_shard_mismatch(self, name: str, worst: float, differing: int, max_names: int) -> None:
+        """One more param whose shard differs; the first ``max_names`` are named."""
+        self.shard_mismatch_count += 1
+        if len(self.shard_mismatches) < max_names:
+            self.shard_mismatches.append(ParamMismatch(name, worst, differing))
+
     def add_checked(self, tally: WeightReport) -> None:
         """Add what ``tally`` counted as compared and as unchecked: a replayed plan keeps one
         per phase (the same params, blocks and paths at every replay of it), which costs less

@@ -25,7 +25,7 @@ from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, p
 from .probe import Probed, Refused, why_type
 from .read import Reader
 from .reference import PROBE_ROWS, self_check
-from .report import ParamMismatch, WeightReport
+from .report import WeightReport
 from .sampling import Phase, sampled_mxfp8, sampled_runs
 
 __all__ = ["ShardCheck"]
@@ -91,10 +91,15 @@ class ShardCheck:
         self._eager: dict[tuple[int, int], Batch] = {}  # (batch, phase) -> its blocks at that phase
 
     def restart(self, report: WeightReport, offset: int) -> None:
-        """Ready the same plan for another call, at the sampled phase of ``offset``: fresh
-        verdicts into ``report``."""
-        self.report, self.verdicts, self._launched = report, [], False
+        """Ready the same plan for another call at ``offset``'s phase (a launch left unread by a
+        call that never finished is not this one's: ``finish`` replays)."""
+        self._launched = False
         self.phase.set(offset)
+        self.attach(report)
+
+    def attach(self, report: WeightReport) -> None:
+        """This call's report (it may have been launched before the report existed)."""
+        self.report, self.verdicts = report, []
         for i in self._dirty:  # only the slots a failed batch counted (not every param, every call)
             self.slots[i].differing, self.slots[i].worst = 0, 0.0
         self._dirty.clear()
@@ -102,9 +107,10 @@ class ShardCheck:
     def replayable(self) -> bool:
         return self.graph is not None
 
-    def launch(self) -> None:
-        """Replay the graph now, after ``restart``; ``finish`` reads its verdicts. Launched before
-        the caller's host work (the layout's fingerprint), the two overlap."""
+    def launch(self, offset: int) -> None:
+        """Replay the graph at ``offset``'s phase as a call's first act (``attach``, then
+        ``finish``): what the host does after it overlaps the compares."""
+        self.phase.set(offset)
         self._replay()
         self._launched = True
 
@@ -408,7 +414,8 @@ class ShardCheck:
                 if bad and id(batch) not in done:
                     done.add(id(batch))
                     self.attribute(at_phase(batch, self.phase.value))
-        self._tally_mismatches(max_names)
+        for slot in (self.slots[i] for i in sorted(self._dirty) if not self.slots[i].unchecked):
+            self.report.add_shard_mismatch(slot.name, slot.worst, slot.differing, max_names)
 
     def _count_every_phase(self) -> None:
         """Every slot's element count at every phase, at the plan's first run (the warm-up), so
@@ -441,9 +448,3 @@ class ShardCheck:
             if key not in self.refused and count:
                 how = ", compared by the fused TE-rule kernel" if key in self.fused else ""
                 report.count_path(f"{reference.path}, read {key[-1]}{how}", count)
-
-    def _tally_mismatches(self, max_names: int) -> None:
-        for slot in (self.slots[i] for i in sorted(self._dirty) if not self.slots[i].unchecked):
-            self.report.shard_mismatch_count += 1
-            if len(self.report.shard_mismatches) < max_names:
-                self.report.shard_mismatches.append(ParamMismatch(slot.name, slot.worst, slot.differing))

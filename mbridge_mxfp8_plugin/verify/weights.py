@@ -157,9 +157,13 @@ def verify_weights(
     stride = stride_of(sample)
     if offset is None:
         offset = next(_CALLS)
-    report = WeightReport(event=event, sample=1.0 / stride, accept_unchecked=accept_unchecked)
     with _collector_paused():
-        _check(report, model_chunks, optimizer, atol, max_names, stride, offset)
+        # The last plan of this sample and tolerance is launched first, before even this call's
+        # report is made, so that everything else the host does (the report, finding the
+        # chunks, the plan's key, re-reading the layout) overlaps it.
+        early, moved = _replay_early(optimizer, (stride, atol), offset)
+        report = WeightReport(event=event, sample=1.0 / stride, accept_unchecked=accept_unchecked)
+        _check(report, model_chunks, optimizer, atol, max_names, stride, offset, early, moved)
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -189,12 +193,12 @@ def _check(
     max_names: int,
     stride: int,
     offset: int,
+    early: _Plan | None,
+    moved: bool | None,
 ) -> None:
+    """The check of one call; ``early``, ``moved``: what ``_replay_early`` launched and found."""
     from megatron.core import fp8_utils
 
-    # The last plan of this sample and tolerance is launched first, so that everything else
-    # the host does (finding the chunks, the plan's key, re-reading the layout) overlaps it.
-    early, moved = _replay_early(optimizer, (stride, atol), report, offset)
     chunks = _model_chunks(held)
     # What else a plan depends on: the budget, the quantized types core recognises. Not the
     # sampled phase: that is data the plan is run with (``ShardCheck.restart``).
@@ -261,14 +265,14 @@ def _kept_plan(
     plan = layout.plans.get(key) if layout is not None else None
     if early is not None and early is not plan:  # the layout or the key changed: not read
         early.check.abandon()
-    if plan is not None and plan is not early:
+    if plan is not None and plan is early:
+        plan.check.attach(report)
+    elif plan is not None:
         plan.check.restart(report, offset)
     return layout, plan
 
 
-def _replay_early(
-    optimizer: Any, which: tuple[int, float], report: WeightReport, offset: int
-) -> tuple[_Plan | None, bool | None]:
+def _replay_early(optimizer: Any, which: tuple[int, float], offset: int) -> tuple[_Plan | None, bool | None]:
     """The plan the last call of this sample and tolerance (``which``) used, its graph launched
     at this call's phase before anything else, so that the GPU compares while the host finds
     the chunks and re-reads the layout (most of a replayed check's host time); None where there
@@ -297,8 +301,7 @@ def _replay_early(
             return None, True
     except (RuntimeError, NotImplementedError, TypeError):
         return None, True
-    plan.check.restart(report, offset)
-    plan.check.launch()
+    plan.check.launch(offset)
     return plan, False
 
 

@@ -459,8 +459,7 @@ def test_a_launch_left_unread_is_not_taken_for_the_next_calls_replay(monkeypatch
     (name, wide, main), _ = _shard_params()
     check.add(name, wide, reader_for(wide), Owned(main, 0, main.numel(), torch.bfloat16), mxfp8=True)
     check.finish(max_names=5)
-    check.restart(WeightReport(event="t"), 1)
-    check.launch()  # ... and that call fails before it finishes
+    check.launch(1)  # ... and that call fails before it finishes
     wide._rowwise_scale_inv[1, 3] += 1  # block 11 (8 a row): sampled at phase 11 only
     report = WeightReport(event="t")
     check.restart(report, 11)

@@ -1,0 +1,141 @@
+"""A replayed check's host time before its graph launch, side by side between two checkouts
+(issue 32: at 1B the fused path's sampled check is a fixed cost, and the host's work before the
+launch is the part the GPU waits for; what comes after overlaps the compares).
+
+A kept 1/16 check of the fused path (TE-shaped MXFP8 params, 120 params as in the 1B job), on the
+CPU with ``verify_cold``'s stand-ins: the graph is "captured" by running its recording once and
+"replayed" by doing nothing (a GPU replay runs no Python), and the kernels launch nothing (their
+host side is Triton's, not the plugin's). Timed per call: from ``verify_weights``' entry to the
+replay (the head) and in all. Each checkout runs in its own process, the two alternating.
+
+    python benchmarks/replay_head.py --before /tmp/old --label <rev> --out benchmarks/results/replay_head
+
+``--before`` is a directory holding an older ``mbridge_mxfp8_plugin`` (``git archive <rev>
+mbridge_mxfp8_plugin | tar x -C /tmp/old``); the current one is this checkout's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _job import REPO, eval_after_a_step, parse_size, prepared_job, pyplot, side_by_side
+
+SIZE = "256x60"  # 60 layers: the 1B job's 120 params (the host's work is per param, not per element)
+
+
+class _NoKernel:
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def worker(calls: int) -> dict[str, Any]:
+    """Median head and total of ``calls`` replayed checks (after a warm-up of 100)."""
+    os.environ.update(TRITON_INTERPRET="1", MXFP8_PARAM_KIND="te", MASTER_ADDR="127.0.0.1")
+    os.environ.update(MASTER_PORT=os.environ.get("REPLAY_HEAD_PORT", "29571"), RANK="0", WORLD_SIZE="1")
+    import torch
+
+    import mbridge_mxfp8_plugin
+    from mbridge_mxfp8_plugin import verify_weights
+    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
+    from mbridge_mxfp8_plugin.verify import _gather_kernel, _te_rule_kernel, _values_kernel, graphs, shard
+    from verify_cold import _capture
+
+    for module in (_te_rule_kernel, _values_kernel, _gather_kernel):
+        for name in ("kernel", "items_kernel", "compare_kernel"):
+            if hasattr(module, name):
+                setattr(module, name, _NoKernel())
+    torch.distributed.init_process_group("gloo")
+    with cpu_shim(), emulated_mxfp8():
+        job, engine = prepared_job(*parse_size(SIZE))
+        eval_after_a_step(job, engine)()
+        graphs.on_cuda, graphs.capture = (lambda tensor: True), _capture
+        torch.cuda.is_current_stream_capturing = lambda: False
+        launched: list[float] = []
+        replay = shard.ShardCheck._replay
+
+        def timed_replay(self: Any) -> None:
+            launched.append(time.perf_counter())
+            replay(self)
+
+        shard.ShardCheck._replay = timed_replay  # type: ignore[method-assign]
+        heads, totals = [], []
+        with torch._C.DisableTorchFunction():  # the CPU shim's mode is not in a GPU job
+            for i in range(100 + calls):
+                del launched[:]
+                t0 = time.perf_counter()
+                report = verify_weights(job.model, job.optimizer, event="benchmark", sample=1 / 16)
+                t1 = time.perf_counter()
+                if not report.ok or not launched:
+                    raise SystemExit(f"not a replayed ok check: {report.message()}")
+                if i >= 100:
+                    heads.append(launched[0] - t0)
+                    totals.append(t1 - t0)
+    torch.distributed.destroy_process_group()
+    return {
+        "plugin": str(Path(mbridge_mxfp8_plugin.__file__).parent),
+        "head_s": statistics.median(heads),
+        "total_s": statistics.median(totals),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    runs = side_by_side(args.before, __file__, [str(args.calls)], args.rounds)
+    out: dict[str, Any] = {"before": args.label or args.before, "rounds": args.rounds, "calls": args.calls}
+    out["plugin"] = {side: results[0]["plugin"] for side, results in runs.items()}
+    for part in ("head_s", "total_s"):
+        seen = {side: [r[part] for r in results] for side, results in runs.items()}
+        ratios = [now / before for now, before in zip(seen["now"], seen["before"], strict=True)]
+        out[part] = {**seen, "now_over_before": ratios}
+        print(
+            f"{part[:-2]}: before {statistics.median(seen['before']) * 1e6:.1f} us, now "
+            f"{statistics.median(seen['now']) * 1e6:.1f} us, now / before per round "
+            + ", ".join(f"{r:.2f}" for r in ratios)
+        )
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    plt = pyplot(path)
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    parts = ("head_s", "total_s")
+    for i, side in enumerate(("before", "now")):
+        us = [statistics.median(result[p][side]) * 1e6 for p in parts]
+        ax.bar([x + (i - 0.5) * 0.35 for x in range(len(parts))], us, 0.35, label=side)
+    ax.set_xticks(range(len(parts)), ["before the launch", "in all"])
+    ax.set_ylabel("us per replayed check (median of rounds)")
+    ax.set_title("a kept 1/16 check's host time, 120 params (CPU)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        print(json.dumps(worker(int(sys.argv[2]))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="a directory holding the older mbridge_mxfp8_plugin")
+    parser.add_argument("--label", default="", help="what --before is (its revision), for the results")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "replay_head")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    if not (Path(args.before) / "mbridge_mxfp8_plugin").is_dir():
+        parser.error(f"--before {args.before}: no mbridge_mxfp8_plugin directory there")
+    result = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "replay_head.json").write_text(json.dumps(result, indent=1))
+    plot(result, args.out / "replay_head.png")
+
+
+if __name__ == "__main__":
+    main()
