@@ -47,6 +47,7 @@ def worker(calls: int) -> dict[str, Any]:
     from mbridge_mxfp8_plugin.verify import _gather_kernel, _te_rule_kernel, _values_kernel, graphs, shard
     from verify_cold import _capture
 
+    torch.set_num_threads(1)  # no intra-op threads beside the timed one on a machine of few cores
     for module in (_te_rule_kernel, _values_kernel, _gather_kernel):
         for name in ("kernel", "items_kernel", "compare_kernel"):
             if hasattr(module, name):
@@ -126,8 +127,8 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="a directory holding the older mbridge_mxfp8_plugin")
     parser.add_argument("--label", default="", help="what --before is (its revision), for the results")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "replay_head")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=3000)
     args = parser.parse_args()
     if not (Path(args.before) / "mbridge_mxfp8_plugin").is_dir():
         parser.error(f"--before {args.before}: no mbridge_mxfp8_plugin directory there")

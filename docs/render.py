@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -493,6 +494,24 @@ def plan_tables() -> str:
     )
 
 
+#: ``benchmarks/replay_head.py``'s side-by-side run of a replayed check's host time.
+REPLAY_HEAD = ROOT / "benchmarks" / "results" / "replay_head" / "replay_head.json"
+
+
+def replay_head() -> str:
+    """The host's work before a replayed check's launch and in all: each side's median over the
+    rounds, and the ratio's median and span per round."""
+    run = json.loads(REPLAY_HEAD.read_text())
+
+    def part(key: str, what: str) -> str:
+        seen = run[key]
+        before, now = (statistics.median(seen[side]) * 1e6 for side in ("before", "now"))
+        ratio = statistics.median(seen["now_over_before"])
+        return f"{what} {before:.1f} -> {now:.1f} us ({ratio:.2f}x; {_xspan(seen['now_over_before'])}x per round)"
+
+    return f"{part('head_s', 'before the launch')}, {part('total_s', 'in all')}, {len(run['head_s']['now'])} rounds against {run['before']}"
+
+
 def verify_sampled_vs_full() -> str:
     """What the sampled check costs next to the full one in the latest run, per path (three
     decimals: the target is 0.1)."""
@@ -589,6 +608,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "verify-sampled-ms": verify_sampled_ms,
         "verify-peak": verify_peak,
         "plan-tables": plan_tables,
+        "replay-head": replay_head,
     },
     "docs/layout.md": {"layers": layers_table},
     "docs/check.md": {
