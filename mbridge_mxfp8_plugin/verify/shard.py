@@ -120,8 +120,7 @@ class ShardCheck:
         self.phase.advance()  # behind what reads it: the next call's phase, off its critical path
 
     def abandon(self) -> None:
-        """Forget a launched replay that will not be read (its layout changed), once it is done:
-        the plan holding what it reads may be dropped next."""
+        """Forget a launched replay its call will not read, once done: its plan may be dropped next."""
         self._launched = False
         if torch.cuda.is_available():
             torch.cuda.current_stream().synchronize()
@@ -195,10 +194,11 @@ class ShardCheck:
         self.verdicts.append((batch, flags[slot]))
 
     def _plan_launches(self) -> None:
-        """The batches' item tables, made once per plan before any run and sent in one copy (never
-        in a capture, which would record their copies to the device, not their values)."""
+        """The batches' item tables, made once per plan before any run and sent in one copy."""
+        if self._tabled == len(self.planned):  # a kept plan's are made: nothing per call
+            return
         tables, made = fused.Tables(), dict[int, _Launch]()
-        for batch in self.planned[self._tabled :]:  # a kept plan's are made: no walk per call
+        for batch in self.planned[self._tabled :]:
             one: _Launch
             if batch.key in self.fused:
                 one = fused.launch(batch.items, batch.round_to is not None, tables)
