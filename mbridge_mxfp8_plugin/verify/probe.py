@@ -15,7 +15,7 @@ import torch
 
 from . import fused
 from ._crafted import crafted_rows
-from .batches import Item, padded_rows, rounded
+from .batches import Item
 from .read import BLOCK, Blocks, Reader, reader_for
 from .reference import PROBE_ROWS, Reference, make_reference, self_check
 
@@ -77,15 +77,18 @@ class Probed:
         try:
             reference = self.references[key] = make_reference(param)
             n = min(item.blocks.count, PROBE_ROWS)
-            rows = padded_rows(item.main, n, round_to)
-            rows[:n].copy_(item.blocks.part(0, n).take(item.main, -item.start))
-            small = reference._empty((rows.shape[0], BLOCK), rows.device)
-            update = getattr(type(reference.quantizer), "update_quantized", None)
-            measured = key + (rows.device, reference.path, update)
-            known = _TRANSIENTS.get(measured)
-            before = _allocated(rows.device) if known is None else None
-            reference.write(small, rows)
-            after = _allocated(rows.device) if before is not None else None
+            main = item.blocks.part(0, n).take(item.main, -item.start)
+            # Where the fused kernel could stand in, the gate's crafted blocks ride in the same
+            # write (one write of the type per key: on an H100's host each was a millisecond of
+            # small launches, the plan's first call's largest part after the walk).
+            gate = _gate_rows(main, item, round_to)
+            try:
+                small, rows, transients = self._write(key, reference, main, gate, round_to)
+            except Exception:  # noqa: BLE001 - a type may refuse the crafted extremes: its own first
+                if gate is None:  # blocks alone, as the check reads them, decide whether it is trusted
+                    raise
+                gate = None
+                small, rows, transients = self._write(key, reference, main, gate, round_to)
             if not hasattr(small, "dequantize"):
                 raise Refused(f"{type(small).__name__} has no dequantize() to check its reading against")
             with torch._C.DisableTorchFunctionSubclass():
@@ -94,12 +97,9 @@ class Probed:
             if reason:
                 raise Refused(reason)
             self.trusted.add(key)
-            transients = _DEFAULT_TRANSIENTS if known is None else known
-            if before is not None and after is not None:
-                transients = _TRANSIENTS[measured] = (after - before) / rows.numel()
             per_element = _MARGIN * (rows.element_size() + _REFERENCE + transients) + 0.25
             cap = max(BLOCK, int(budget / (per_element * BLOCK)) // BLOCK * BLOCK)
-            if _agrees_with_fused(item, reference, small, n, round_to):
+            if gate is not None and _agrees_with_fused(gate, small, round_to):
                 # The kernel allocates nothing: its batches are bounded only so that a flagged
                 # one is judged again by the type's write a budget-sized part at a time.
                 self.fused.add(key)
@@ -110,25 +110,65 @@ class Probed:
         self.capacity[key] = cap
         return cap
 
+    def _write(
+        self,
+        key: tuple[Any, ...],
+        reference: Reference,
+        main: torch.Tensor,
+        gate: torch.Tensor | None,
+        round_to: torch.dtype | None,
+    ) -> tuple[Any, torch.Tensor, float]:
+        """A small instance of the key's type written from the probe's rows (the first blocks,
+        zero rows up to a multiple of 32, then the gate's crafted blocks where there are any),
+        the rows, and the write's temporaries per element (measured once per key and device)."""
+        n = main.shape[0]
+        total = _padded(n) if gate is None else gate.shape[0]
+        rows = torch.empty((total, BLOCK), dtype=round_to or main.dtype, device=main.device)
+        rows[:n].copy_(main)
+        if gate is not None:
+            rows[n:].copy_(gate[n:])
+        elif total > n:
+            rows[n:].zero_()
+        small = reference._empty((rows.shape[0], BLOCK), rows.device)
+        update = getattr(type(reference.quantizer), "update_quantized", None)
+        measured = key + (rows.device, reference.path, update)
+        known = _TRANSIENTS.get(measured)
+        before = _allocated(rows.device) if known is None else None
+        reference.write(small, rows)
+        after = _allocated(rows.device) if before is not None else None
+        transients = _DEFAULT_TRANSIENTS if known is None else known
+        if before is not None and after is not None:
+            transients = _TRANSIENTS[measured] = (after - before) / rows.numel()
+        return small, rows, transients
 
-def _agrees_with_fused(
-    item: Item, reference: Reference, small: Any, n: int, round_to: torch.dtype | None
-) -> bool:
-    """Whether the fused kernel writes the bytes the type's own write wrote: on the probe's
-    ``n`` real blocks (``small`` holds them) and on crafted blocks where rules part."""
+
+def _padded(k: int) -> int:
+    """``k`` rows rounded up to a multiple of 32 (a scale tile's rows)."""
+    return k + (-k) % BLOCK
+
+
+def _gate_rows(main: torch.Tensor, item: Item, round_to: torch.dtype | None) -> torch.Tensor | None:
+    """What the fused kernel's gate compares, or None where the kernel cannot stand in for the
+    key: the probe's first blocks (unrounded: the kernel rounds as the gather does), zero rows
+    up to a multiple of 32, then blocks where MXFP8 scale and rounding rules part (``_crafted``,
+    bf16-exact): the key's type writes the same rows once, and the kernel must write the same
+    bytes for every one of them."""
     if not fused.usable(item.reader, round_to, item.main):
-        return False
+        return None
+    n = main.shape[0]
+    crafted = crafted_rows(main.device)
+    out = torch.zeros((_padded(n) + crafted.shape[0], BLOCK), dtype=main.dtype, device=main.device)
+    out[:n].copy_(main)
+    out[_padded(n) :].copy_(crafted)
+    return out
+
+
+def _agrees_with_fused(gate: torch.Tensor, small: Any, round_to: torch.dtype | None) -> bool:
+    """Whether the fused kernel writes the bytes the type's own write wrote (``small``) for
+    every row of ``gate``: one kernel launch and one read."""
     try:
-        rounding = round_to is not None
         reader = reader_for(small)
-        main = item.blocks.part(0, n).take(item.main, -item.start)
-        if isinstance(reader, str) or differing_bytes(main, reader, rounding):
-            return False
-        crafted = crafted_rows(item.main.device)
-        instance = reference._empty((crafted.shape[0], BLOCK), crafted.device)
-        reference.write(instance, rounded(crafted, round_to))
-        reader = reader_for(instance)
-        return not isinstance(reader, str) and differing_bytes(crafted, reader, rounding) == 0
+        return not isinstance(reader, str) and differing_bytes(gate, reader, round_to is not None) == 0
     except Exception:  # noqa: BLE001 - the type's own write path stays the reference
         return False
 

@@ -112,6 +112,62 @@ def test_a_type_of_another_rule_is_trusted_but_keeps_its_own_write(monkeypatch) 
     assert KEY not in probed.fused and KEY not in probed.written
 
 
+@needs_fused
+def test_one_write_of_the_type_serves_the_self_check_and_the_gate(monkeypatch) -> None:
+    """The probe's first blocks and the gate's crafted blocks go through the type's write once
+    (each write was about a millisecond of small launches on an H100's host, at a plan's first
+    call), and the kernel's gate still sees every crafted block: a rule that parts from TE's on
+    them alone keeps its own write (below)."""
+    writes = []
+    real = te_mxfp8.TEShapedMXFP8Quantizer.update_quantized
+
+    def counted(self: Any, src: torch.Tensor, dst: Any, **kwargs: Any) -> Any:
+        writes.append(src.numel() // BLOCK)
+        return real(self, src, dst, **kwargs)
+
+    param, item = _codes_item()
+    monkeypatch.setattr(te_mxfp8.TEShapedMXFP8Quantizer, "update_quantized", counted)
+    probed = Probed()
+    probed.probe(KEY, param, item, torch.bfloat16, 1 << 20)
+    assert KEY in probed.trusted and KEY in probed.fused
+    assert len(writes) == 1 and writes[0] > item.blocks.count, writes  # the first blocks and the crafted
+
+
+@needs_fused
+def test_a_rule_that_parts_from_tes_only_on_the_crafted_blocks_keeps_its_own_write(monkeypatch) -> None:
+    """TE's bytes on the probe's first blocks (moderate values), another scale on blocks whose
+    amax is past 2**60 (only crafted blocks have one): the gate must still shut."""
+    cast = te_mxfp8.mxfp8_cast
+
+    def parts_at_extremes(src: torch.Tensor):
+        codes, scales = cast(src)
+        huge = src.reshape(-1, BLOCK).abs().amax(dim=1) > 2.0**60
+        return codes, torch.where(huge.reshape(scales.shape), scales + 1, scales)
+
+    monkeypatch.setattr(te_mxfp8, "mxfp8_cast", parts_at_extremes)
+    param, item = _codes_item()
+    probed = Probed()
+    probed.probe(KEY, param, item, torch.bfloat16, 1 << 20)
+    assert KEY in probed.trusted and KEY not in probed.fused
+
+
+@needs_fused
+def test_a_type_whose_write_refuses_the_crafted_blocks_is_still_trusted(monkeypatch) -> None:
+    """Its own first blocks decide whether its reading is trusted; the kernel does not stand in."""
+    cast = te_mxfp8.mxfp8_cast
+
+    def refuses_extremes(src: torch.Tensor):
+        if src.abs().amax() > 2.0**60:
+            raise ValueError("out of range")
+        return cast(src)
+
+    monkeypatch.setattr(te_mxfp8, "mxfp8_cast", refuses_extremes)
+    param, item = _codes_item()
+    probed = Probed()
+    probed.probe(KEY, param, item, torch.bfloat16, 1 << 20)
+    assert KEY in probed.trusted and KEY not in probed.refused and KEY not in probed.fused
+
+
 def test_a_type_whose_codes_do_not_decode_to_its_dequantize_is_refused(monkeypatch) -> None:
     """A layout read wrongly makes the params ``unchecked``, never ``WRONG``."""
     decode = te_mxfp8.mxfp8_decode
