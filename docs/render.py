@@ -381,7 +381,7 @@ def check_speed() -> str:
 #: The last run over both sizes and releases on an H200, and the latest run of the current code (both
 #: sizes and releases, on an H100).
 VERIFY_RESULTS = ROOT / "benchmarks" / "results" / "verify_te" / "verify_te.json"
-VERIFY_LATEST = ROOT / "benchmarks" / "results" / "verify_te_vector" / "verify_te.json"
+VERIFY_LATEST = ROOT / "benchmarks" / "results" / "verify_te_startup" / "verify_te.json"
 
 
 def _verify_rows(results: Path = VERIFY_LATEST) -> list[dict[str, Any]]:
