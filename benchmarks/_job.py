@@ -4,6 +4,7 @@ and how a ``torchrun`` worker starts, measures each size and writes its JSON."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -265,3 +266,65 @@ def side_by_side(before: str, script: str, worker_args: list[str], rounds: int) 
             done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
             seen[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
     return seen
+
+
+def compared(seen: dict[str, list[float]], label: str, scale: float, unit: str) -> list[float]:
+    """Now over before per round of ``seen`` (side -> one value a round), printed on one line
+    with each side's median (times ``scale``, in ``unit``)."""
+    ratios = [now / before for now, before in zip(seen["now"], seen["before"], strict=True)]
+    medians = {side: statistics.median(values) * scale for side, values in seen.items()}
+    print(
+        f"{label}: before {medians['before']:.1f} {unit}, now {medians['now']:.1f} {unit}, "
+        "now / before per round " + ", ".join(f"{r:.2f}" for r in ratios)
+    )
+    return ratios
+
+
+def side_by_side_main(
+    doc: str,
+    name: str,
+    rounds: int,
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    plot: Callable[[dict[str, Any], Path], None],
+    option: tuple[str, int],
+    worker: Callable[[list[int]], dict[str, Any]],
+) -> None:
+    """The command line of a side-by-side benchmark (``plan_tables.py``, ``replay_head.py``):
+    ``--before DIR --label REV --out DIR --rounds N`` and the script's own integer ``option``
+    (name, default); ``run``'s result goes to ``OUT/<name>.json`` and its plot to
+    ``OUT/<name>.png``. ``--worker ARGS`` (how :func:`side_by_side` calls the script) prints
+    ``worker(ARGS)`` as JSON instead."""
+    if sys.argv[1:2] == ["--worker"]:
+        print(json.dumps(worker([int(a) for a in sys.argv[2:]])))
+        return
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="a directory holding the older mbridge_mxfp8_plugin")
+    parser.add_argument("--label", default="", help="what --before is (its revision), for the results")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / name)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument(f"--{option[0]}", type=int, default=option[1])
+    args = parser.parse_args()
+    if not (Path(args.before) / "mbridge_mxfp8_plugin").is_dir():
+        parser.error(f"--before {args.before}: no mbridge_mxfp8_plugin directory there")
+    result = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    plot(result, args.out / f"{name}.png")
+
+
+def plot_sides(bars: dict[str, dict[str, float]], ylabel: str, title: str, path: Path) -> None:
+    """A bar per side (``before``, ``now``) for each label of ``bars`` (label -> side -> value)."""
+    plt = pyplot(path)
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = list(bars)
+    for i, side in enumerate(("before", "now")):
+        values = [bars[label][side] for label in labels]
+        ax.bar([x + (i - 0.5) * 0.35 for x in range(len(labels))], values, 0.35, label=side)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

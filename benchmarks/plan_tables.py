@@ -18,15 +18,13 @@ mbridge_mxfp8_plugin | tar x -C /tmp/old``); the current one is this checkout's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _job import REPO, pyplot, side_by_side
+from _job import compared, plot_sides, side_by_side, side_by_side_main
 
 #: (params of 64 x 512, batch budget in bytes): about 7,700 and 550 own-write batches
 CASES = {"7.7k batches": (240, 12 << 10), "550 batches": (240, 256 << 10)}
@@ -82,51 +80,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runs = side_by_side(args.before, __file__, worker_args, args.rounds)
         seen = {side: [r["median_s"] for r in results] for side, results in runs.items()}
         batches = runs["now"][-1]["batches"]
-        ratios = [now / before for now, before in zip(seen["now"], seen["before"], strict=True)]
+        ratios = compared(seen, f"{case} ({batches} batches)", 1e3, "ms")
         out["cases"][case] = {"batches": batches, "median_s": seen, "now_over_before": ratios}
-        print(
-            f"{case} ({batches} batches): before {statistics.median(seen['before']) * 1e3:.1f} ms, "
-            f"now {statistics.median(seen['now']) * 1e3:.1f} ms, now / before per round "
-            + ", ".join(f"{r:.2f}" for r in ratios)
-        )
     return out
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    plt = pyplot(path)
-    if plt is None:
-        return
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    cases = list(result["cases"])
-    for i, side in enumerate(("before", "now")):
-        ms = [statistics.median(result["cases"][c]["median_s"][side]) * 1e3 for c in cases]
-        ax.bar([x + (i - 0.5) * 0.35 for x in range(len(cases))], ms, 0.35, label=side)
-    ax.set_xticks(range(len(cases)), cases)
-    ax.set_ylabel("ms per plan (median of rounds)")
-    ax.set_title("a plan's kernel tables on the host (CPU)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    bars = {
+        case: {side: statistics.median(seen["median_s"][side]) * 1e3 for side in ("before", "now")}
+        for case, seen in result["cases"].items()
+    }
+    plot_sides(bars, "ms per plan (median of rounds)", "a plan's kernel tables on the host (CPU)", path)
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--worker"]:
-        params, budget, reps = (int(a) for a in sys.argv[2:5])
-        print(json.dumps(worker(params, budget, reps)))
-        return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", required=True, help="a directory holding the older mbridge_mxfp8_plugin")
-    parser.add_argument("--label", default="", help="what --before is (its revision), for the results")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "plan_tables")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=5)
-    args = parser.parse_args()
-    if not (Path(args.before) / "mbridge_mxfp8_plugin").is_dir():
-        parser.error(f"--before {args.before}: no mbridge_mxfp8_plugin directory there")
-    result = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "plan_tables.json").write_text(json.dumps(result, indent=1))
-    plot(result, args.out / "plan_tables.png")
+    side_by_side_main(__doc__ or "", "plan_tables", 3, run, plot, ("reps", 5), lambda args: worker(*args))
 
 
 if __name__ == "__main__":

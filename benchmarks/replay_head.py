@@ -17,15 +17,21 @@ mbridge_mxfp8_plugin | tar x -C /tmp/old``); the current one is this checkout's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _job import REPO, eval_after_a_step, parse_size, prepared_job, pyplot, side_by_side
+from _job import (
+    compared,
+    eval_after_a_step,
+    parse_size,
+    plot_sides,
+    prepared_job,
+    side_by_side,
+    side_by_side_main,
+)
 
 SIZE = "256x60"  # 60 layers: the 1B job's 120 params (the host's work is per param, not per element)
 
@@ -40,12 +46,12 @@ def worker(calls: int) -> dict[str, Any]:
     os.environ.update(TRITON_INTERPRET="1", MXFP8_PARAM_KIND="te", MASTER_ADDR="127.0.0.1")
     os.environ.update(MASTER_PORT=os.environ.get("REPLAY_HEAD_PORT", "29571"), RANK="0", WORLD_SIZE="1")
     import torch
+    from verify_cold import _capture
 
     import mbridge_mxfp8_plugin
     from mbridge_mxfp8_plugin import verify_weights
     from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
     from mbridge_mxfp8_plugin.verify import _gather_kernel, _te_rule_kernel, _values_kernel, graphs, shard
-    from verify_cold import _capture
 
     torch.set_num_threads(1)  # no intra-op threads beside the timed one on a machine of few cores
     for module in (_te_rule_kernel, _values_kernel, _gather_kernel):
@@ -92,50 +98,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out["plugin"] = {side: results[0]["plugin"] for side, results in runs.items()}
     for part in ("head_s", "total_s"):
         seen = {side: [r[part] for r in results] for side, results in runs.items()}
-        ratios = [now / before for now, before in zip(seen["now"], seen["before"], strict=True)]
-        out[part] = {**seen, "now_over_before": ratios}
-        print(
-            f"{part[:-2]}: before {statistics.median(seen['before']) * 1e6:.1f} us, now "
-            f"{statistics.median(seen['now']) * 1e6:.1f} us, now / before per round "
-            + ", ".join(f"{r:.2f}" for r in ratios)
-        )
+        out[part] = {**seen, "now_over_before": compared(seen, part[:-2], 1e6, "us")}
     return out
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    plt = pyplot(path)
-    if plt is None:
-        return
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    parts = ("head_s", "total_s")
-    for i, side in enumerate(("before", "now")):
-        us = [statistics.median(result[p][side]) * 1e6 for p in parts]
-        ax.bar([x + (i - 0.5) * 0.35 for x in range(len(parts))], us, 0.35, label=side)
-    ax.set_xticks(range(len(parts)), ["before the launch", "in all"])
-    ax.set_ylabel("us per replayed check (median of rounds)")
-    ax.set_title("a kept 1/16 check's host time, 120 params (CPU)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    labels = {"head_s": "before the launch", "total_s": "in all"}
+    bars = {
+        label: {side: statistics.median(result[key][side]) * 1e6 for side in ("before", "now")}
+        for key, label in labels.items()
+    }
+    title = "a kept 1/16 check's host time, 120 params (CPU)"
+    plot_sides(bars, "us per replayed check (median of rounds)", title, path)
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--worker"]:
-        print(json.dumps(worker(int(sys.argv[2]))))
-        return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", required=True, help="a directory holding the older mbridge_mxfp8_plugin")
-    parser.add_argument("--label", default="", help="what --before is (its revision), for the results")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "replay_head")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--calls", type=int, default=3000)
-    args = parser.parse_args()
-    if not (Path(args.before) / "mbridge_mxfp8_plugin").is_dir():
-        parser.error(f"--before {args.before}: no mbridge_mxfp8_plugin directory there")
-    result = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "replay_head.json").write_text(json.dumps(result, indent=1))
-    plot(result, args.out / "replay_head.png")
+    side_by_side_main(__doc__ or "", "replay_head", 8, run, plot, ("calls", 3000), lambda args: worker(*args))
 
 
 if __name__ == "__main__":
