@@ -15,7 +15,7 @@ import torch
 
 from . import fused
 from ._crafted import crafted_rows
-from .batches import Item
+from .batches import Item, padded_rows, rounded
 from .read import BLOCK, Blocks, Reader, reader_for
 from .reference import PROBE_ROWS, Reference, make_reference, self_check
 
@@ -121,14 +121,7 @@ class Probed:
         """A small instance of the key's type written from the probe's rows (the first blocks,
         zero rows up to a multiple of 32, then the gate's crafted blocks where there are any),
         the rows, and the write's temporaries per element (measured once per key and device)."""
-        n = main.shape[0]
-        total = _padded(n) if gate is None else gate.shape[0]
-        rows = torch.empty((total, BLOCK), dtype=round_to or main.dtype, device=main.device)
-        rows[:n].copy_(main)
-        if gate is not None:
-            rows[n:].copy_(gate[n:])
-        elif total > n:
-            rows[n:].zero_()
+        rows = _first_rows(main, round_to) if gate is None else rounded(gate, round_to)
         small = reference._empty((rows.shape[0], BLOCK), rows.device)
         update = getattr(type(reference.quantizer), "update_quantized", None)
         measured = key + (rows.device, reference.path, update)
@@ -142,9 +135,12 @@ class Probed:
         return small, rows, transients
 
 
-def _padded(k: int) -> int:
-    """``k`` rows rounded up to a multiple of 32 (a scale tile's rows)."""
-    return k + (-k) % BLOCK
+def _first_rows(main: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """The probe's first blocks (``main``, ``(n, 32)``) in ``dtype`` (None: theirs), zero rows up
+    to a multiple of 32."""
+    rows = padded_rows(main, main.shape[0], dtype)
+    rows[: main.shape[0]].copy_(main)
+    return rows
 
 
 def _gate_rows(main: torch.Tensor, item: Item, round_to: torch.dtype | None) -> torch.Tensor | None:
@@ -155,12 +151,7 @@ def _gate_rows(main: torch.Tensor, item: Item, round_to: torch.dtype | None) -> 
     bytes for every one of them."""
     if not fused.usable(item.reader, round_to, item.main):
         return None
-    n = main.shape[0]
-    crafted = crafted_rows(main.device)
-    out = torch.zeros((_padded(n) + crafted.shape[0], BLOCK), dtype=main.dtype, device=main.device)
-    out[:n].copy_(main)
-    out[_padded(n) :].copy_(crafted)
-    return out
+    return torch.cat([_first_rows(main, None), crafted_rows(main.device).to(main.dtype)])
 
 
 def _agrees_with_fused(gate: torch.Tensor, small: Any, round_to: torch.dtype | None) -> bool:
