@@ -56,9 +56,10 @@ class Slot:
         if self.sampled is None:
             return
         key = (self.sampled, self.tail)
-        if key not in tables:
-            tables[key] = {v: self.sampled.at(v).elements() + self.tail for v in range(stride)}
-        self._at = tables[key]
+        table = tables.get(key)
+        if table is None:
+            table = tables[key] = {v: self.sampled.at(v).elements() + self.tail for v in range(stride)}
+        self._at = table
 
     def covered(self, value: int) -> int:
         """Elements compared at sampled phase ``value`` (host arithmetic, kept per phase)."""

@@ -1,0 +1,113 @@
+"""A job's first weight check on the host, side by side between two checkouts (issue 32: at 1B a
+job's first fused 1/16 check cost 0.75-1.31x the eval transition on the H100 hosts, and most of
+it was the plan's walk: 5.2 of 8.8 ms, about 40 us per param, spread over small host work).
+
+The fused path's first check of a fresh plan (TE-shaped MXFP8 params, 120 params as in the 1B
+job), at 1/16 and full, on the CPU with ``replay_head``'s stand-ins: the kernels launch nothing
+(their host side is Triton's, not the plugin's) and the graph is "captured" by running its
+recording once. What is timed is the plugin's host work: the walk (per-param geometry, readers,
+batches), the probes' host side, the tables, the report. Triton's own start-up and compiles,
+and the probe's device work, are not here (``verify_te`` measures the whole call on a GPU).
+Each checkout runs in its own process, the two alternating.
+
+    python benchmarks/first_call.py --before /tmp/old --label <rev> --out benchmarks/results/first_call
+
+``--before`` is a directory holding an older ``mbridge_mxfp8_plugin`` (``git archive <rev>
+mbridge_mxfp8_plugin | tar x -C /tmp/old``); the current one is this checkout's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from _job import (
+    compared,
+    eval_after_a_step,
+    parse_size,
+    plot_sides,
+    prepared_job,
+    side_by_side,
+    side_by_side_main,
+)
+
+SIZE = "256x60"  # 60 layers: the 1B job's 120 params (the host's work is per param, not per element)
+SAMPLES = {"s16": 1 / 16, "full": 1.0}
+
+
+class _NoKernel:
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def worker(calls: int) -> dict[str, Any]:
+    """Median seconds of ``calls`` first checks of a fresh plan per sample (after 3 untimed)."""
+    os.environ.update(TRITON_INTERPRET="1", MXFP8_PARAM_KIND="te", MASTER_ADDR="127.0.0.1")
+    os.environ.update(MASTER_PORT=os.environ.get("FIRST_CALL_PORT", "29573"), RANK="0", WORLD_SIZE="1")
+    import torch
+    from verify_cold import _capture
+
+    import mbridge_mxfp8_plugin
+    from mbridge_mxfp8_plugin import verify_weights
+    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
+    from mbridge_mxfp8_plugin.verify import _gather_kernel, _te_rule_kernel, _values_kernel, graphs, weights
+
+    torch.set_num_threads(1)  # no intra-op threads beside the timed one on a machine of few cores
+    for module in (_te_rule_kernel, _values_kernel, _gather_kernel):
+        for name in ("kernel", "items_kernel", "compare_kernel"):
+            if hasattr(module, name):
+                setattr(module, name, _NoKernel())
+    torch.distributed.init_process_group("gloo")
+    out: dict[str, Any] = {"plugin": str(Path(mbridge_mxfp8_plugin.__file__).parent)}
+    with cpu_shim(), emulated_mxfp8():
+        job, engine = prepared_job(*parse_size(SIZE))
+        eval_after_a_step(job, engine)()
+        graphs.on_cuda, graphs.capture = (lambda tensor: True), _capture
+        torch.cuda.is_current_stream_capturing = lambda: False
+        with torch._C.DisableTorchFunction():  # the CPU shim's mode is not in a GPU job
+            for key, sample in SAMPLES.items():
+                times = []
+                for i in range(3 + calls):
+                    weights._PLANS.clear()  # a job's first call: no layout, no plan, no probe
+                    t0 = time.perf_counter()
+                    report = verify_weights(job.model, job.optimizer, event="benchmark", sample=sample)
+                    t1 = time.perf_counter()
+                    if not report.ok or not any("fused" in p for p in report.reference_paths):
+                        raise SystemExit(f"not an ok fused check: {report.message()}")
+                    if i >= 3:
+                        times.append(t1 - t0)
+                out[f"{key}_s"] = statistics.median(times)
+    torch.distributed.destroy_process_group()
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    runs = side_by_side(args.before, __file__, [str(args.calls)], args.rounds)
+    out: dict[str, Any] = {"before": args.label or args.before, "rounds": args.rounds, "calls": args.calls}
+    out["plugin"] = {side: results[0]["plugin"] for side, results in runs.items()}
+    for key in SAMPLES:
+        seen = {side: [r[f"{key}_s"] for r in results] for side, results in runs.items()}
+        out[f"{key}_s"] = {**seen, "now_over_before": compared(seen, key, 1e3, "ms")}
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    labels = {"s16_s": "1/16", "full_s": "full"}
+    bars = {
+        label: {side: statistics.median(result[key][side]) * 1e3 for side in ("before", "now")}
+        for key, label in labels.items()
+    }
+    title = "a job's first fused check, host time, 120 params (CPU)"
+    plot_sides(bars, "ms per first call (median of rounds)", title, path)
+
+
+def main() -> None:
+    side_by_side_main(__doc__ or "", "first_call", 6, run, plot, ("calls", 40), lambda args: worker(*args))
+
+
+if __name__ == "__main__":
+    main()
