@@ -126,6 +126,8 @@ class Phase:
         self._ramps: dict[torch.device, torch.Tensor] = {}
         self._run: dict[Any, torch.Tensor] = {}  # this run's remainders of the phase
         self._local: dict[Any, torch.Tensor] = {}  # the current batch's indices, by geometry
+        self._reserved: dict[torch.device, int] = {}  # the most indices reserved per device
+        self._slices: dict[tuple[int, int, int], tuple[Blocks, int]] = {}  # see ``slice``
 
     def set(self, offset: int) -> None:
         """The phase of the next run (a fill on the device where the tensors hold another: no
@@ -148,10 +150,25 @@ class Phase:
             for tensor in self._tensors.values():
                 tensor.fill_(value)
 
+    def slice(self, param: Any, s: int, e: int) -> tuple[Blocks, int]:
+        """``sampled_mxfp8`` of ``param``'s slice ``[s, e)`` (``param`` None: ``sampled_runs``),
+        shared by the slices of one geometry (a model's layers; whole params at DP 1): a plan's
+        first call otherwise redid the same arithmetic and objects per param. Immutable."""
+        last = 0 if param is None else param.shape[-1] if param.dim() > 0 else 1
+        known = self._slices.get((last, s, e))
+        if known is None:
+            made = sampled_runs(s, e, self) if param is None else sampled_mxfp8(param, s, e, self)
+            known = self._slices[(last, s, e)] = made
+        return known
+
     def reserve(self, device: torch.device, count: int) -> None:
-        """Make the phase tensor and a ramp of at least ``count`` indices on ``device`` (plan time).
-        A plan of one phase (``stride`` 1) needs no ramp: nothing computes indices from it (a
-        full check's would hold 8 bytes per block of its largest batch, about 2 MiB)."""
+        """Make the phase tensor and a ramp of at least ``count`` indices on ``device`` (plan time;
+        nothing where as many were reserved there, as for most of a plan's params). A plan of
+        one phase (``stride`` 1) needs no ramp: nothing computes indices from it (a full
+        check's would hold 8 bytes per block of its largest batch, about 2 MiB)."""
+        if count <= self._reserved.get(device, -1):
+            return
+        self._reserved[device] = count
         if device not in self._tensors:
             self._fill(self.value)  # the others hold this phase too (plan time: a run reads them)
             self._tensors[device] = torch.full((), self.value, dtype=torch.int64, device=device)

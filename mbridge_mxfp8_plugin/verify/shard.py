@@ -23,10 +23,10 @@ from ._flags import new_flags, stack_verdicts
 from ._templates import Template, capture_all, plan_templates, replay_all
 from .batches import Batch, Item, Owned, Slot, at_phase, got_bytes, main_rows, pack, sides
 from .probe import Probed, Refused, why_type
-from .read import Blocks, Reader
+from .read import Reader
 from .reference import PROBE_ROWS, self_check
 from .report import WeightReport
-from .sampling import Phase, sampled_mxfp8, sampled_runs
+from .sampling import Phase
 
 __all__ = ["ShardCheck"]
 
@@ -89,8 +89,6 @@ class ShardCheck:
         self._capturing = False
         self._launched = False  # the graph was replayed for this call already (``launch``)
         self._eager: dict[tuple[int, int], Batch] = {}  # (batch, phase) -> its blocks at that phase
-        self._geometries: dict[tuple[int, int, int], tuple[Blocks, int]] = {}  # see ``_geometry``
-        self._reserved: dict[torch.device, int] = {}  # device -> the most indices reserved there
 
     def restart(self, report: WeightReport, offset: int) -> None:
         """Ready the same plan for another call at ``offset``'s phase (a launch left unread by a
@@ -142,17 +140,17 @@ class ShardCheck:
                reader.kind)  # fmt: skip
         slot = len(self.slots)
         if mxfp8:
-            blocks, whole = self._geometry(param, s, e)
+            blocks, whole = self.phase.slice(param, s, e)
             self.slots.append(Slot(name, 0, (e - s) - whole, mxfp8_type=type(param).__name__, sampled=blocks))
             item = Item(slot, reader, main, s, blocks, mxfp8_codes=reader.scales is not None)
         else:
-            blocks, tail = self._geometry(None, s, e)
+            blocks, tail = self.phase.slice(None, s, e)
             views = (reader.flat[e - tail : e], main[e - s - tail : e - s]) if tail else None
             item = Item(slot, reader, main, s, blocks, views)
             self.slots.append(Slot(name, 0, 0, sampled=blocks, tail=tail))
-        device, other = main.device, reader.flat.device
-        devices = (device,) if device == other else (device, other)
-        self._reserve(devices, min(blocks.count, PROBE_ROWS))  # for the probe's blocks
+        devices = {main.device, reader.flat.device}
+        for device in devices:  # for the probe's blocks
+            self.phase.reserve(device, min(blocks.count, PROBE_ROWS))
         if item.blocks.count == 0 and item.tail is None:
             self.empty[key] = self.empty.get(key, 0) + 1  # no whole block here: nothing to compare
             return
@@ -161,7 +159,8 @@ class ShardCheck:
             self.slots[slot].unchecked = self.refused[key]
             return
         if key not in self.fused:  # the fused kernel computes its indices itself
-            self._reserve(devices, min(blocks.count, cap))
+            for device in devices:
+                self.phase.reserve(device, min(blocks.count, cap))
 
         def fresh() -> Batch:  # this param stands for the batch it opens
             return self.batches.setdefault(key, Batch(key, param, mxfp8, round_to))
@@ -171,27 +170,6 @@ class ShardCheck:
             return fresh()
 
         pack(item, cap, self.batches.get(key) or fresh(), full)
-
-    def _geometry(self, param: Any, s: int, e: int) -> tuple[Blocks, int]:
-        """The sampled blocks of ``param``'s slice ``[s, e)`` (None: runs of a param without
-        blocks) and its whole blocks' elements (its short run, for runs). Shared by the slices
-        of one geometry (a model's layers, whole params at DP 1): immutable, and the same
-        arithmetic for each, which a plan's first call otherwise redid per param."""
-        last = 0 if param is None else param.shape[-1] if param.dim() > 0 else 1
-        known = self._geometries.get((last, s, e))
-        if known is None:
-            known = self._geometries[(last, s, e)] = (
-                sampled_runs(s, e, self.phase) if param is None else sampled_mxfp8(param, s, e, self.phase)
-            )
-        return known
-
-    def _reserve(self, devices: tuple[torch.device, ...], count: int) -> None:
-        """``Phase.reserve`` where ``count`` is more than was reserved on a device (most params
-        ask for no more than the first did)."""
-        for device in devices:
-            if count > self._reserved.get(device, -1):
-                self._reserved[device] = count
-                self.phase.reserve(device, count)
 
     def _seal(self, key: tuple[Any, ...]) -> None:
         batch = self.batches.pop(key, None)

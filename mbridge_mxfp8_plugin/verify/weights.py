@@ -72,7 +72,7 @@ class _Layout:
     fingerprint: Fingerprint
     plans: dict[tuple[Any, ...], _Plan] = field(default_factory=dict)
     owned: tuple[dict[Any, Owned], str] | None = None
-    names: dict[Any, str] | None = None
+    names: dict[int, str] | None = None  # id(param) -> its name (``_param_names``)
     readers: dict[int, Reader | str] = field(default_factory=dict)
     probed: dict[int, Probed] = field(default_factory=dict)  # by budget: it sets the capacities
     #: (stride, atol) -> the key of the plan the last such call used: the plan a later call
@@ -107,6 +107,30 @@ def _buffer_params(chunks: list[Any]) -> Iterator[tuple[Any, Any]]:
         for bucket in ref.bucket_list:
             for param in bucket_params(bucket):
                 yield group, param
+
+
+def _param_names(chunks: list[Any]) -> dict[int, str]:
+    """id(param) -> the name ``named_parameters`` gives it, prefixed with its chunk's index
+    where there are several (a later chunk's name wins, a module's first name within one).
+    Read from the modules' own tables: torch's chain of generators, and its hashing of every
+    tensor it dedups, cost a plan's first call more than the rest of its work per param."""
+    names: dict[int, str] = {}
+
+    def visit(module: Any, prefix: str, modules: set[int], params: set[int]) -> None:
+        if id(module) in modules:
+            return
+        modules.add(id(module))
+        for key, value in module._parameters.items():
+            if value is not None and id(value) not in params:
+                params.add(id(value))
+                names[id(value)] = prefix + key
+        for key, child in module._modules.items():
+            if child is not None:
+                visit(child, f"{prefix}{key}.", modules, params)
+
+    for c, chunk in enumerate(chunks):
+        visit(chunk, f"{c}." if len(chunks) > 1 else "", set(), set())
+    return names
 
 
 def _unchecked_reason(param: Any, own: Owned, fp8: bool, mxfp8: bool) -> str:
@@ -355,11 +379,7 @@ def _walk(chunks: list[Any], owned: dict[Any, Owned], plan: _Plan, layout: _Layo
 
     check = plan.check
     if layout.names is None:
-        layout.names = {
-            p: (f"{c}." if len(chunks) > 1 else "") + n
-            for c, ch in enumerate(chunks)
-            for n, p in ch.named_parameters()
-        }
+        layout.names = _param_names(chunks)
     names = layout.names
     sizes: dict[int, int] = {}
     with torch.no_grad():  # views of params and main shards, no autograd bookkeeping
@@ -369,7 +389,7 @@ def _walk(chunks: list[Any], owned: dict[Any, Owned], plan: _Plan, layout: _Layo
             replicated = sizes[id(group)] > 1  # a group of one has no replica: no fold
             if param not in owned and not replicated:
                 continue
-            name = names.get(param) or f"<param {tuple(param.shape)}>"
+            name = names.get(id(param)) or f"<param {tuple(param.shape)}>"
             source: list[torch.Tensor] | None = None
             try:
                 fp8 = fp8_utils.is_float8tensor(param)

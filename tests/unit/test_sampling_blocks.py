@@ -213,3 +213,38 @@ def test_a_phase_advanced_behind_a_replay_is_the_next_calls_with_no_fill(
     assert (phase.value, int(held), fills) == (7, 7, [0, 1, 7])
     phase.set(7)  # the same phase again, held already
     assert fills == [0, 1, 7]
+
+
+def test_a_plans_slices_of_one_geometry_share_their_blocks_and_no_other_does() -> None:
+    """A plan's first call works out each slice's sampled blocks once per geometry
+    (``Phase.slice``): what it gives is ``sampled_mxfp8`` / ``sampled_runs`` of that slice, the
+    same object for another param of that row length and range (a model's layers), and never
+    another geometry's: params of one size with other row lengths (whose scale rows differ), or
+    other ranges."""
+    from mbridge_mxfp8_plugin.verify.sampling import Phase, sampled_mxfp8, sampled_runs
+
+    phase = Phase(16)
+    params = [torch.empty(4, 96), torch.empty(3, 128), torch.empty(6, 64), torch.empty(4, 96)]
+    for s, e in ((0, 384), (32, 352), (40, 300)):
+        for param in params:
+            assert phase.slice(param, s, e) == sampled_mxfp8(param, s, e, Phase(16)), (param.shape, s, e)
+        assert phase.slice(None, s, e) == sampled_runs(s, e, Phase(16))
+        assert phase.slice(params[0], s, e) is phase.slice(params[3], s, e)
+        assert phase.slice(params[0], s, e)[0].last == 96 and phase.slice(params[1], s, e)[0].last == 128
+
+
+def test_a_reserved_ramp_grows_only_where_a_param_needs_more() -> None:
+    """Most params of a plan need no longer ramp than the first did: reserving again is then
+    nothing; a longer need still grows it, on each device asked for."""
+    from mbridge_mxfp8_plugin.verify.sampling import Phase
+
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    phase = Phase(16)
+    phase.reserve(cpu, 10)
+    ramp = phase._ramps[cpu]
+    phase.reserve(cpu, 4)
+    assert phase._ramps[cpu] is ramp and ramp.numel() == 10
+    phase.reserve(meta, 4)
+    assert phase._ramps[meta].numel() == 4 and phase.tensor(meta).device == meta
+    phase.reserve(cpu, 30)
+    assert phase._ramps[cpu].numel() >= 30
