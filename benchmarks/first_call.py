@@ -25,49 +25,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _job import (
-    compared,
-    eval_after_a_step,
-    parse_size,
-    plot_sides,
-    prepared_job,
-    side_by_side,
-    side_by_side_main,
-)
+from _job import compared, plot_sides, side_by_side, side_by_side_main
 
 SIZE = "256x60"  # 60 layers: the 1B job's 120 params (the host's work is per param, not per element)
 SAMPLES = {"s16": 1 / 16, "full": 1.0}
 
 
-class _NoKernel:
-    def __getitem__(self, grid: Any) -> Any:
-        return lambda *args, **kwargs: None
-
-
 def worker(calls: int) -> dict[str, Any]:
     """Median seconds of ``calls`` first checks of a fresh plan per sample (after 3 untimed)."""
-    os.environ.update(TRITON_INTERPRET="1", MXFP8_PARAM_KIND="te", MASTER_ADDR="127.0.0.1")
-    os.environ.update(MASTER_PORT=os.environ.get("FIRST_CALL_PORT", "29573"), RANK="0", WORLD_SIZE="1")
+    os.environ.update(TRITON_INTERPRET="1")
     import torch
-    from verify_cold import _capture
+    from verify_cold import cpu_check_job
 
     import mbridge_mxfp8_plugin
     from mbridge_mxfp8_plugin import verify_weights
-    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
-    from mbridge_mxfp8_plugin.verify import _gather_kernel, _te_rule_kernel, _values_kernel, graphs, weights
+    from mbridge_mxfp8_plugin.verify import weights
 
     torch.set_num_threads(1)  # no intra-op threads beside the timed one on a machine of few cores
-    for module in (_te_rule_kernel, _values_kernel, _gather_kernel):
-        for name in ("kernel", "items_kernel", "compare_kernel"):
-            if hasattr(module, name):
-                setattr(module, name, _NoKernel())
-    torch.distributed.init_process_group("gloo")
     out: dict[str, Any] = {"plugin": str(Path(mbridge_mxfp8_plugin.__file__).parent)}
-    with cpu_shim(), emulated_mxfp8():
-        job, engine = prepared_job(*parse_size(SIZE))
-        eval_after_a_step(job, engine)()
-        graphs.on_cuda, graphs.capture = (lambda tensor: True), _capture
-        torch.cuda.is_current_stream_capturing = lambda: False
+    with cpu_check_job(SIZE, os.environ.get("FIRST_CALL_PORT", "29573"), no_kernels=True) as (job, _):
         with torch._C.DisableTorchFunction():  # the CPU shim's mode is not in a GPU job
             for key, sample in SAMPLES.items():
                 times = []
@@ -81,7 +57,6 @@ def worker(calls: int) -> dict[str, Any]:
                     if i >= 3:
                         times.append(t1 - t0)
                 out[f"{key}_s"] = statistics.median(times)
-    torch.distributed.destroy_process_group()
     return out
 
 

@@ -23,47 +23,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _job import (
-    compared,
-    eval_after_a_step,
-    parse_size,
-    plot_sides,
-    prepared_job,
-    side_by_side,
-    side_by_side_main,
-)
+from _job import compared, plot_sides, side_by_side, side_by_side_main
 
 SIZE = "256x60"  # 60 layers: the 1B job's 120 params (the host's work is per param, not per element)
 
 
-class _NoKernel:
-    def __getitem__(self, grid: Any) -> Any:
-        return lambda *args, **kwargs: None
-
-
 def worker(calls: int) -> dict[str, Any]:
     """Median head and total of ``calls`` replayed checks (after a warm-up of 100)."""
-    os.environ.update(TRITON_INTERPRET="1", MXFP8_PARAM_KIND="te", MASTER_ADDR="127.0.0.1")
-    os.environ.update(MASTER_PORT=os.environ.get("REPLAY_HEAD_PORT", "29571"), RANK="0", WORLD_SIZE="1")
+    os.environ.update(TRITON_INTERPRET="1")
     import torch
-    from verify_cold import _capture
+    from verify_cold import cpu_check_job
 
     import mbridge_mxfp8_plugin
     from mbridge_mxfp8_plugin import verify_weights
-    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
-    from mbridge_mxfp8_plugin.verify import _gather_kernel, _te_rule_kernel, _values_kernel, graphs, shard
+    from mbridge_mxfp8_plugin.verify import shard
 
     torch.set_num_threads(1)  # no intra-op threads beside the timed one on a machine of few cores
-    for module in (_te_rule_kernel, _values_kernel, _gather_kernel):
-        for name in ("kernel", "items_kernel", "compare_kernel"):
-            if hasattr(module, name):
-                setattr(module, name, _NoKernel())
-    torch.distributed.init_process_group("gloo")
-    with cpu_shim(), emulated_mxfp8():
-        job, engine = prepared_job(*parse_size(SIZE))
-        eval_after_a_step(job, engine)()
-        graphs.on_cuda, graphs.capture = (lambda tensor: True), _capture
-        torch.cuda.is_current_stream_capturing = lambda: False
+    with cpu_check_job(SIZE, os.environ.get("REPLAY_HEAD_PORT", "29571"), no_kernels=True) as (job, _):
         launched: list[float] = []
         replay = shard.ShardCheck._replay
 
@@ -84,7 +60,6 @@ def worker(calls: int) -> dict[str, Any]:
                 if i >= 100:
                     heads.append(launched[0] - t0)
                     totals.append(t1 - t0)
-    torch.distributed.destroy_process_group()
     return {
         "plugin": str(Path(mbridge_mxfp8_plugin.__file__).parent),
         "head_s": statistics.median(heads),

@@ -22,10 +22,12 @@ measured: this is the host's part only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,31 +55,55 @@ def _capture(record: Any, paths: Any = ()) -> tuple[_Replay, Any]:
     return _Replay(), record()
 
 
+class _NoKernel:
+    """A Triton kernel that launches nothing (its host side is Triton's, not the plugin's)."""
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def cpu_check_job(size: str, port: str, no_kernels: bool = False) -> Iterator[tuple[Any, Any]]:
+    """A one-rank gloo job of ``size`` on the CPU, TE-shaped MXFP8 params, its weights current
+    (an eval transition run), its check's graph stood in (``_capture``): ``(job, transition)``.
+    ``no_kernels``: the kernels launch nothing (the side-by-side scripts time the plugin's host
+    work alone). ``port``: the rendezvous's default (``MASTER_PORT`` wins), one per script, so
+    two of them can run at once."""
+    import torch
+
+    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
+    from mbridge_mxfp8_plugin.verify import _gather_kernel, _te_rule_kernel, _values_kernel, graphs
+
+    os.environ["MXFP8_PARAM_KIND"] = "te"
+    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port), ("RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(name, value)
+    if no_kernels:
+        for module in (_te_rule_kernel, _values_kernel, _gather_kernel):
+            for name in ("kernel", "items_kernel", "compare_kernel"):
+                if hasattr(module, name):
+                    setattr(module, name, _NoKernel())
+    torch.distributed.init_process_group("gloo")
+    try:
+        with cpu_shim(), emulated_mxfp8():
+            job, engine = prepared_job(*parse_size(size))
+            transition = eval_after_a_step(job, engine)
+            transition()  # the weights are current: what the check is for
+            # a graph is "captured" wherever the check lives (the CPU here), as on a GPU
+            graphs.on_cuda, graphs.capture = (lambda tensor: True), _capture
+            torch.cuda.is_current_stream_capturing = lambda: False
+            yield job, transition
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def measure(size: str, sample: float, calls: int, rounds: int) -> dict[str, Any]:
     import torch
 
     from mbridge_mxfp8_plugin import verify_weights
-    from mbridge_mxfp8_plugin.testing import cpu_shim, emulated_mxfp8
-    from mbridge_mxfp8_plugin.verify import graphs
 
-    os.environ["MXFP8_PARAM_KIND"] = "te"
-    for name, value in (
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", "29541"),
-        ("RANK", "0"),
-        ("WORLD_SIZE", "1"),
-    ):
-        os.environ.setdefault(name, value)
-    torch.distributed.init_process_group("gloo")
     out: dict[str, Any] = {"size": size, "sample": sample, "calls": calls, "rounds": rounds}
-    with cpu_shim(), emulated_mxfp8():
-        job, engine = prepared_job(*parse_size(size))
-        transition = eval_after_a_step(job, engine)
-        transition()  # the weights are current: what the check is for
+    with cpu_check_job(size, "29541") as (job, transition):
         out["params"] = sum(1 for _ in job.model[0].parameters())
-        # a graph is "captured" wherever the check lives (the CPU here), as on a GPU
-        graphs.on_cuda, graphs.capture = (lambda tensor: True), _capture
-        torch.cuda.is_current_stream_capturing = lambda: False
 
         def check() -> Any:
             with torch._C.DisableTorchFunction():
@@ -97,7 +123,6 @@ def measure(size: str, sample: float, calls: int, rounds: int) -> dict[str, Any]
     out["median_us"] = {
         c: {label: statistics.median(v) * 1e6 for label, v in parts.items()} for c, parts in seen.items()
     }
-    torch.distributed.destroy_process_group()
     return out
 
 
