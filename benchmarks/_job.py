@@ -280,6 +280,56 @@ def compared(seen: dict[str, list[float]], label: str, scale: float, unit: str) 
     return ratios
 
 
+def sides_of_parts(
+    args: argparse.Namespace, script: str, option: str, parts: dict[str, str], scale: float, unit: str
+) -> dict[str, Any]:
+    """A side-by-side script's ``run`` where each worker result holds seconds under ``parts``'
+    keys (key -> label): per part, each side's value a round and now over before per round
+    (printed in ``unit``, seconds times ``scale``). The worker gets ``args.<option>``."""
+    runs = side_by_side(args.before, script, [str(getattr(args, option))], args.rounds)
+    out: dict[str, Any] = {"before": args.label or args.before, "rounds": args.rounds}
+    out[option] = getattr(args, option)
+    out["plugin"] = {side: results[0]["plugin"] for side, results in runs.items()}
+    for part, label in parts.items():
+        seen = {side: [r[part] for r in results] for side, results in runs.items()}
+        out[part] = {**seen, "now_over_before": compared(seen, label, scale, unit)}
+    return out
+
+
+def plot_parts(
+    result: dict[str, Any], parts: dict[str, str], scale: float, ylabel: str, title: str, path: Path
+) -> None:
+    """``sides_of_parts``' result as before/now bars, one pair per part (medians of rounds)."""
+    bars = {
+        label: {side: statistics.median(result[part][side]) * scale for side in ("before", "now")}
+        for part, label in parts.items()
+    }
+    plot_sides(bars, ylabel, title, path)
+
+
+def parts_main(
+    doc: str,
+    name: str,
+    rounds: int,
+    option: tuple[str, int],
+    worker: Callable[[list[int]], dict[str, Any]],
+    parts: dict[str, str],
+    unit: tuple[float, str],
+    title: str,
+) -> None:
+    """``side_by_side_main`` for a script whose worker measures seconds under ``parts``' keys
+    (key -> label), shown in ``unit`` (scale, name): ``sides_of_parts`` and ``plot_parts``."""
+    scale, label = unit
+
+    def run(args: argparse.Namespace) -> dict[str, Any]:
+        return sides_of_parts(args, sys.argv[0], option[0], parts, scale, label)
+
+    def plot(result: dict[str, Any], path: Path) -> None:
+        plot_parts(result, parts, scale, f"{label} per call (median of rounds)", title, path)
+
+    side_by_side_main(doc, name, rounds, run, plot, option, worker)
+
+
 def side_by_side_main(
     doc: str,
     name: str,

@@ -18,14 +18,13 @@ mbridge_mxfp8_plugin | tar x -C /tmp/old``); the current one is this checkout's.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from _job import compared, plot_sides, side_by_side, side_by_side_main
+from _job import parts_main
 
 SIZE = "256x60"  # 60 layers: the 1B job's 120 params (the host's work is per param, not per element)
 SAMPLES = {"s16": 1 / 16, "full": 1.0}
@@ -60,28 +59,10 @@ def worker(calls: int) -> dict[str, Any]:
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    runs = side_by_side(args.before, __file__, [str(args.calls)], args.rounds)
-    out: dict[str, Any] = {"before": args.label or args.before, "rounds": args.rounds, "calls": args.calls}
-    out["plugin"] = {side: results[0]["plugin"] for side, results in runs.items()}
-    for key in SAMPLES:
-        seen = {side: [r[f"{key}_s"] for r in results] for side, results in runs.items()}
-        out[f"{key}_s"] = {**seen, "now_over_before": compared(seen, key, 1e3, "ms")}
-    return out
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    labels = {"s16_s": "1/16", "full_s": "full"}
-    bars = {
-        label: {side: statistics.median(result[key][side]) * 1e3 for side in ("before", "now")}
-        for key, label in labels.items()
-    }
-    title = "a job's first fused check, host time, 120 params (CPU)"
-    plot_sides(bars, "ms per first call (median of rounds)", title, path)
-
-
 def main() -> None:
-    side_by_side_main(__doc__ or "", "first_call", 6, run, plot, ("calls", 40), lambda args: worker(*args))
+    parts = {"s16_s": "1/16", "full_s": "full"}
+    title = "a job's first fused check, host time, 120 params (CPU)"
+    parts_main(__doc__ or "", "first_call", 6, ("calls", 40), lambda a: worker(*a), parts, (1e3, "ms"), title)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,13 @@ mbridge_mxfp8_plugin | tar x -C /tmp/old``); the current one is this checkout's.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from _job import compared, plot_sides, side_by_side, side_by_side_main
+from _job import parts_main
 
 SIZE = "256x60"  # 60 layers: the 1B job's 120 params (the host's work is per param, not per element)
 
@@ -67,28 +66,11 @@ def worker(calls: int) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    runs = side_by_side(args.before, __file__, [str(args.calls)], args.rounds)
-    out: dict[str, Any] = {"before": args.label or args.before, "rounds": args.rounds, "calls": args.calls}
-    out["plugin"] = {side: results[0]["plugin"] for side, results in runs.items()}
-    for part in ("head_s", "total_s"):
-        seen = {side: [r[part] for r in results] for side, results in runs.items()}
-        out[part] = {**seen, "now_over_before": compared(seen, part[:-2], 1e6, "us")}
-    return out
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    labels = {"head_s": "before the launch", "total_s": "in all"}
-    bars = {
-        label: {side: statistics.median(result[key][side]) * 1e6 for side in ("before", "now")}
-        for key, label in labels.items()
-    }
-    title = "a kept 1/16 check's host time, 120 params (CPU)"
-    plot_sides(bars, "us per replayed check (median of rounds)", title, path)
-
-
 def main() -> None:
-    side_by_side_main(__doc__ or "", "replay_head", 8, run, plot, ("calls", 3000), lambda args: worker(*args))
+    parts = {"head_s": "before the launch", "total_s": "in all"}
+    title = "a kept 1/16 check's host time, 120 params (CPU)"
+    rounds, calls = 8, ("calls", 3000)
+    parts_main(__doc__ or "", "replay_head", rounds, calls, lambda a: worker(*a), parts, (1e6, "us"), title)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ def cpu_check_job(size: str, port: str, no_kernels: bool = False) -> Iterator[tu
     from mbridge_mxfp8_plugin.verify import _gather_kernel, _te_rule_kernel, _values_kernel, graphs
 
     os.environ["MXFP8_PARAM_KIND"] = "te"
-    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port), ("RANK", "0"), ("WORLD_SIZE", "1")):
+    defaults = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": "0", "WORLD_SIZE": "1"}
+    for name, value in defaults.items():
         os.environ.setdefault(name, value)
     if no_kernels:
         for module in (_te_rule_kernel, _values_kernel, _gather_kernel):
