@@ -496,20 +496,32 @@ def plan_tables() -> str:
 
 #: ``benchmarks/replay_head.py``'s side-by-side run of a replayed check's host time.
 REPLAY_HEAD = ROOT / "benchmarks" / "results" / "replay_head" / "replay_head.json"
+FIRST_CALL = ROOT / "benchmarks" / "results" / "first_call" / "first_call.json"
 
 
-def replay_head() -> str:
-    """The host's work before a replayed check's launch and in all: each side's median over the
-    rounds, and the ratio's median and span per round."""
-    run = json.loads(REPLAY_HEAD.read_text())
+def _sides(path: Path, parts: dict[str, str], scale: float, unit: str) -> str:
+    """A side-by-side run (``benchmarks/_job.sides_of_parts``): per part, each side's median over
+    the rounds, and the ratio's median and span per round."""
+    run = json.loads(path.read_text())
 
     def part(key: str, what: str) -> str:
         seen = run[key]
-        before, now = (statistics.median(seen[side]) * 1e6 for side in ("before", "now"))
+        before, now = (statistics.median(seen[side]) * scale for side in ("before", "now"))
         ratio = statistics.median(seen["now_over_before"])
-        return f"{what} {before:.1f} -> {now:.1f} us ({ratio:.2f}x; {_xspan(seen['now_over_before'])}x per round)"
+        return f"{what} {before:.1f} -> {now:.1f} {unit} ({ratio:.2f}x; {_xspan(seen['now_over_before'])}x per round)"
 
-    return f"{part('head_s', 'before the launch')}, {part('total_s', 'in all')}, {len(run['head_s']['now'])} rounds against {run['before']}"
+    rounds = len(run[next(iter(parts))]["now"])
+    return ", ".join(part(k, w) for k, w in parts.items()) + f", {rounds} rounds against {run['before']}"
+
+
+def replay_head() -> str:
+    """The host's work before a replayed check's launch and in all."""
+    return _sides(REPLAY_HEAD, {"head_s": "before the launch", "total_s": "in all"}, 1e6, "us")
+
+
+def first_call() -> str:
+    """A job's first fused check's host time, sampled and full."""
+    return _sides(FIRST_CALL, {"s16_s": "1/16", "full_s": "full"}, 1e3, "ms")
 
 
 def verify_sampled_vs_full() -> str:
@@ -609,6 +621,7 @@ BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
         "verify-peak": verify_peak,
         "plan-tables": plan_tables,
         "replay-head": replay_head,
+        "first-call": first_call,
     },
     "docs/layout.md": {"layers": layers_table},
     "docs/check.md": {
