@@ -102,9 +102,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="+", type=Path)
     parser.add_argument("--call", type=int, default=3, help="which call's timeline (default 3: steady)")
-    parser.add_argument("--python", nargs="?", const="mbridge_mxfp8_plugin", default="", metavar="PATH_PART",
-                        help="also list the call's Python functions whose file path holds PATH_PART "
-                             "(default: the plugin's); needs a trace written with VERIFY_TRACE_PYTHON=1")  # fmt: skip
+    parser.add_argument(
+        "--python",
+        nargs="?",
+        const="mbridge_mxfp8_plugin",
+        default="",
+        metavar="PATH_PART",
+        help="also list the call's Python functions whose file path holds PATH_PART "
+        "(default: the plugin's); needs a trace written with VERIFY_TRACE_PYTHON=1",
+    )
     args = parser.parse_args()
     shown = []
     for path in args.traces:

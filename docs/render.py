@@ -370,7 +370,7 @@ def check_speed() -> str:
         f"{ratio['check_with_teardown']['wall']:.2f}x if it ended in a normal interpreter exit (its "
         f"module teardown, which `check` skips when nothing waits for it); the goal is {r['goal_ratio']:g}x, "
         f"{'met' if ratio['check']['wall'] <= r['goal_ratio'] else 'not met'} "
-        f"(the floor, `python -c \"import omegaconf, yaml\"`, took "
+        f'(the floor, `python -c "import omegaconf, yaml"`, took '
         f"{r['floor']['median_s'] * 1000:.0f} ms here; median of {r['rounds']} rotated rounds; "
         f"{r['cpus']} CPUs at load average {load}; {r['date']})"
     )
@@ -508,7 +508,8 @@ def _sides(path: Path, parts: dict[str, str], scale: float, unit: str) -> str:
         seen = run[key]
         before, now = (statistics.median(seen[side]) * scale for side in ("before", "now"))
         ratio = statistics.median(seen["now_over_before"])
-        return f"{what} {before:.1f} -> {now:.1f} {unit} ({ratio:.2f}x; {_xspan(seen['now_over_before'])}x per round)"
+        span = _xspan(seen["now_over_before"])
+        return f"{what} {before:.1f} -> {now:.1f} {unit} ({ratio:.2f}x; {span}x per round)"
 
     rounds = len(run[next(iter(parts))]["now"])
     return ", ".join(part(k, w) for k, w in parts.items()) + f", {rounds} rounds against {run['before']}"
