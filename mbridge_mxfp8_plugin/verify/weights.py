@@ -113,7 +113,7 @@ def _param_names(chunks: list[Any]) -> dict[int, str]:
     """id(param) -> the name ``named_parameters`` gives it, prefixed with its chunk's index
     where there are several (a later chunk's name wins, a module's first name within one).
     Read from the modules' own tables: torch's chain of generators, and its hashing of every
-    tensor it dedups, cost a plan's first call more than the rest of its work per param."""
+    tensor it dedups, were about a tenth of a plan's first call on the CPU at 120 params."""
     names: dict[int, str] = {}
 
     def visit(module: Any, prefix: str, modules: set[int], params: set[int]) -> None:
