@@ -111,26 +111,14 @@ def _buffer_params(chunks: list[Any]) -> Iterator[tuple[Any, Any]]:
 
 def _param_names(chunks: list[Any]) -> dict[int, str]:
     """id(param) -> the name ``named_parameters`` gives it, prefixed with its chunk's index
-    where there are several (a later chunk's name wins, a module's first name within one).
-    Read from the modules' own tables: torch's chain of generators, and its hashing of every
-    tensor it dedups, were about a tenth of a plan's first call on the CPU at 120 params."""
-    names: dict[int, str] = {}
-
-    def visit(module: Any, prefix: str, modules: set[int], params: set[int]) -> None:
-        if id(module) in modules:
-            return
-        modules.add(id(module))
-        for key, value in module._parameters.items():
-            if value is not None and id(value) not in params:
-                params.add(id(value))
-                names[id(value)] = prefix + key
-        for key, child in module._modules.items():
-            if child is not None:
-                visit(child, f"{prefix}{key}.", modules, params)
-
-    for c, chunk in enumerate(chunks):
-        visit(chunk, f"{c}." if len(chunks) > 1 else "", set(), set())
-    return names
+    where there are several (a later chunk's name wins). Keyed by identity: the walk looks every
+    param up, and a tensor's hash is a Python call."""
+    prefix = len(chunks) > 1
+    return {
+        id(p): (f"{c}." if prefix else "") + n
+        for c, ch in enumerate(chunks)
+        for n, p in ch.named_parameters()
+    }
 
 
 def _unchecked_reason(param: Any, own: Owned, fp8: bool, mxfp8: bool) -> str:

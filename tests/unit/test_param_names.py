@@ -1,5 +1,5 @@
-"""The weight check names params as ``named_parameters`` does (its reports name the params a
-user looks up), though it reads the modules' tables itself (``weights._param_names``)."""
+"""The weight check's reports name params as ``named_parameters`` does, prefixed with their
+chunk's index where there are several (``weights._param_names``): the names a user looks up."""
 
 from __future__ import annotations
 
