@@ -129,25 +129,10 @@ class Reader:
 
 
 def _element(fmt: Any) -> torch.dtype | None:
-    """The codes' dtype of an element format (a torch dtype, or TE's enum by its name's end),
-    remembered per format: a plan's first call asks it of every MXFP8 param."""
-    try:
-        return _ELEMENTS[fmt]
-    except (KeyError, TypeError):  # not seen yet, or not hashable
-        pass
     if isinstance(fmt, torch.dtype):
-        found = fmt if fmt in _FP8_FORMATS.values() else None
-    else:
-        name = str(getattr(fmt, "name", fmt))
-        found = next((dtype for suffix, dtype in _FP8_FORMATS.items() if name.endswith(suffix)), None)
-    try:
-        _ELEMENTS[fmt] = found
-    except TypeError:
-        pass
-    return found
-
-
-_ELEMENTS: dict[Any, torch.dtype | None] = {}
+        return fmt if fmt in _FP8_FORMATS.values() else None
+    name = str(getattr(fmt, "name", fmt))
+    return next((dtype for suffix, dtype in _FP8_FORMATS.items() if name.endswith(suffix)), None)
 
 
 def reader_for(tensor: Any) -> Reader | str:
